@@ -1,0 +1,36 @@
+# Two commands for a newcomer:  make lab   (install + open JupyterLab)
+#                               make test  (install + unit tests + every notebook run by nbval)
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install lab test test-fast clean strip
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch pinned first: the CPU build here, the CUDA build from PyPI on a GPU machine
+	$(BIN)/python -m pip install -q "torch==2.13.0"
+	$(BIN)/python -m pip install -q -e ".[lab,test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lab: install
+	$(BIN)/jupyter lab notebooks/
+
+# the whole suite: unit tests and every notebook in notebooks/ (see pytest settings in pyproject.toml)
+test: install
+	$(BIN)/python -m pytest -q
+
+# unit tests only, no notebooks
+test-fast: install
+	$(BIN)/python -m pytest -q tests
+
+# remove outputs from every notebook before committing
+strip: install
+	$(BIN)/jupyter nbconvert --clear-output --inplace notebooks/*.ipynb exercises/*.ipynb solutions/*.ipynb
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,43 @@
+"""course_utils: the small helper package of the GPU-memory course.
+
+One concept a module:
+
+* ``config``     -- ``setup()``: device (CUDA if present) and size preset (``COURSE_SIZE``)
+* ``unet``       -- the 3D U-Net of seed 000, block by block
+* ``data``       -- synthetic 5-class 3D segmentation volumes
+* ``train``      -- a training step, a short loop, the Dice score
+* ``memory``     -- saved-for-backward meter, hook table (MemTracker), GPU-free peak predictor,
+                    CUDA peaks, out-of-memory explained
+* ``allocator``  -- the CUDA caching allocator: snapshots, expandable segments
+* ``limit_test`` -- seed 003's Conv3d 1-4-8-1 memory-limit net
+"""
+
+from .config import PRESETS, CourseSetup, Preset, setup
+from .data import CLASS_NAMES, N_CLASSES, SyntheticVolumes, make_volume
+from .memory import (
+    MiB,
+    MemoryLog,
+    Prediction,
+    SavedTensorMeter,
+    catch_oom,
+    cuda_peak,
+    explain_oom,
+    largest_that_fits,
+    log_step,
+    mib,
+    predict_step,
+    saved_tensors,
+    tensor_bytes,
+)
+from .train import dice_score, train, train_step
+from .unet import DoubleConv, Down, OutConv, UNet3D, Up, count_parameters, seed000_unet
+
+__all__ = [
+    "PRESETS", "CourseSetup", "Preset", "setup",
+    "CLASS_NAMES", "N_CLASSES", "SyntheticVolumes", "make_volume",
+    "MiB", "MemoryLog", "Prediction", "SavedTensorMeter", "catch_oom", "cuda_peak",
+    "explain_oom", "largest_that_fits", "log_step", "mib", "predict_step", "saved_tensors",
+    "tensor_bytes",
+    "dice_score", "train", "train_step",
+    "DoubleConv", "Down", "OutConv", "UNet3D", "Up", "count_parameters", "seed000_unet",
+]

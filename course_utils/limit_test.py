@@ -1,0 +1,64 @@
+"""Seed 003: the 3D memory-limit test, Conv3d 1 -> 4 -> 8 -> 1 with ReLU and MSE on an N^3 cube.
+
+The seed's naive estimate: 4 + 8 + 1 = 13 conv outputs and as many ReLU outputs, each the size of
+the input, so 26 x the input. PyTorch does better than "keep everything": a ReLU saves its
+*output* (the conv output before it is freed at once), so autograd keeps the input, the three ReLU
+outputs (4 + 8 + 1 = 13 input-sizes) and the target -- 15 x the input, not 26 x.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+#: Seed 003's measurements (MB as read off nvidia-smi, CUDA context included): N -> (forward,
+#: backward); None = the run failed (OOM, or cuDNN had no 3D backward algorithm at that size).
+SEED003_TORCH: dict[int, tuple[float | None, float | None]] = {
+    50: (134, 4), 64: (150, 10), 100: (218, 52), 128: (324, 110), 200: (1090, 230),
+    256: (2180, None), 300: (3448, None), 350: (5438, None), 400: (None, None),
+}
+SEED003_CHAINER: dict[int, tuple[float | None, float | None]] = {
+    50: (118, 8), 64: (134, 8), 100: (196, 8), 128: (290, 60), 200: (808, 230),
+    256: (1592, None), 300: (2500, None), 400: (5824, None), 450: (6886, None), 500: (None, None),
+}
+#: the seed's ratio forward / (26 x input) for torch at large N, and chainer's best.
+SEED003_TORCH_RATIO = (1.2, 1.5)
+SEED003_CHAINER_RATIO = 0.88
+#: the seed's GPU: it ran out at N=400 (torch), i.e. about 8 GB.
+SEED003_BUDGET_GIB = 8
+
+
+class LimitTestNet(nn.Sequential):
+    """Conv3d(1,4) -> ReLU -> Conv3d(4,8) -> ReLU -> Conv3d(8,1) -> ReLU; 3x3x3 kernels, padding 1
+    (the seed does not give the kernel size; padding keeps the output N^3 like the target)."""
+
+    def __init__(self, inplace: bool = False):
+        super().__init__(
+            nn.Conv3d(1, 4, 3, padding=1), nn.ReLU(inplace=inplace),
+            nn.Conv3d(4, 8, 3, padding=1), nn.ReLU(inplace=inplace),
+            nn.Conv3d(8, 1, 3, padding=1), nn.ReLU(inplace=inplace),
+        )
+
+
+def input_bytes(n: int, dtype: torch.dtype = torch.float32) -> int:
+    """Bytes of one N^3 volume (batch 1, 1 channel)."""
+    return n**3 * torch.empty((), dtype=dtype).element_size()
+
+
+def naive_bytes(n: int, dtype: torch.dtype = torch.float32) -> int:
+    """The seed's naive estimate: 26 x the input (13 conv outputs + 13 ReLU outputs)."""
+    return 26 * input_bytes(n, dtype)
+
+
+def expected_saved_bytes(n: int, dtype: torch.dtype = torch.float32) -> int:
+    """What autograd keeps for backward: input + ReLU outputs (4 + 8 + 1) + MSE target = 15 x."""
+    return (1 + 4 + 8 + 1 + 1) * input_bytes(n, dtype)
+
+
+def make_inputs(n: int, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+    """The seed's batch: input and target of shape [1, 1, N, N, N]."""
+    if n < 1:
+        raise ValueError(f"N must be >= 1, got {n}")
+    shape = (1, 1, n, n, n)
+    return (torch.randn(shape, device=device, dtype=dtype),
+            torch.randn(shape, device=device, dtype=dtype))

@@ -1,0 +1,261 @@
+"""The 3D U-Net of seed 000, block by block.
+
+The blocks follow the popular 2D U-Net layout that seed 000 adapted to 3D:
+
+* ``DoubleConv(in, out)`` = (Conv3d 3x3x3 -> BatchNorm3d -> ReLU) twice, middle channels = ``out``;
+* ``Down(in, out)`` = MaxPool3d(2) -> DoubleConv;
+* ``Up(in, out)`` = trilinear Upsample(x2) -> pad to the skip's shape -> concat -> DoubleConv;
+* ``OutConv(in, classes)`` = Conv3d 1x1x1.
+
+``seed000_unet("large")`` has exactly 40,158,853 trainable parameters and
+``seed000_unet("small")`` 14,496,517, the two counts quoted in the forum question.
+
+The activation after each BatchNorm is pluggable (``norm_act``) so that later notebooks can swap in
+in-place ReLU or In-Place Activated BatchNorm without copying the network.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+#: builds the normalisation + activation that follows each convolution, for ``channels`` channels.
+NormAct = Callable[[int], Sequence[nn.Module]]
+
+
+def bn_relu(channels: int, inplace: bool = False) -> list[nn.Module]:
+    """The standard ``BatchNorm3d -> ReLU`` pair."""
+    return [nn.BatchNorm3d(channels), nn.ReLU(inplace=inplace)]
+
+
+def bn_relu_inplace(channels: int) -> list[nn.Module]:
+    """``BatchNorm3d -> ReLU(inplace=True)``: the ReLU overwrites BN's output (notebook 05)."""
+    return bn_relu(channels, inplace=True)
+
+
+class DoubleConv(nn.Module):
+    """(Conv3d 3x3x3 -> norm -> activation) x 2. Middle channels = ``out_channels``."""
+
+    def __init__(self, in_channels: int, out_channels: int, norm_act: NormAct | None = None):
+        super().__init__()
+        norm_act = norm_act or bn_relu
+        self.double_conv = nn.Sequential(
+            nn.Conv3d(in_channels, out_channels, kernel_size=3, padding=1),
+            *norm_act(out_channels),
+            nn.Conv3d(out_channels, out_channels, kernel_size=3, padding=1),
+            *norm_act(out_channels),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.double_conv(x)
+
+
+class Down(nn.Module):
+    """Halve every spatial size with MaxPool3d(2), then DoubleConv."""
+
+    def __init__(self, in_channels: int, out_channels: int, norm_act: NormAct | None = None):
+        super().__init__()
+        self.maxpool_conv = nn.Sequential(
+            nn.MaxPool3d(2), DoubleConv(in_channels, out_channels, norm_act)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.maxpool_conv(x)
+
+
+class Up(nn.Module):
+    """Trilinear upsample x2, pad to the skip connection's shape, concatenate, DoubleConv.
+
+    ``in_channels`` is the channel count *after* concatenation (upsampled + skip).
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, norm_act: NormAct | None = None):
+        super().__init__()
+        self.up = nn.Upsample(scale_factor=2, mode="trilinear", align_corners=True)
+        self.conv = DoubleConv(in_channels, out_channels, norm_act)
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        x = self.up(x)
+        # An odd size on the way down (26 -> 13 -> 6) leaves the upsampled map one voxel short:
+        # pad it (last dim first, as F.pad wants) so it lines up with the skip connection.
+        diff = [s - u for s, u in zip(skip.shape[2:], x.shape[2:])]
+        pad: list[int] = []
+        for d in reversed(diff):
+            pad += [d // 2, d - d // 2]
+        if any(pad):
+            x = F.pad(x, pad)
+        return self.conv(torch.cat([skip, x], dim=1))
+
+
+class OutConv(nn.Module):
+    """1x1x1 convolution to one logit per class."""
+
+    def __init__(self, in_channels: int, n_classes: int):
+        super().__init__()
+        self.conv = nn.Conv3d(in_channels, n_classes, kernel_size=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+def default_channels(levels: int, base: int) -> tuple[int, ...]:
+    """Encoder widths base, 2*base, ... doubling per level; the deepest level repeats the one
+    above it (the 'bilinear' U-Net: no learned up-convolution, so no factor 2 at the bottom)."""
+    widths = [base * 2**i for i in range(levels - 1)]
+    return tuple(widths + [widths[-1]])
+
+
+def default_decoder_channels(channels: Sequence[int]) -> tuple[int, ...]:
+    """Decoder output widths: half the skip connection's width, and ``channels[0]`` at the top."""
+    skips = list(channels[:-1])[::-1]  # deepest skip first
+    return tuple([c // 2 for c in skips[:-1]] + [channels[0]])
+
+
+class UNet3D(nn.Module):
+    """A configurable 3D U-Net for volumetric segmentation.
+
+    Args:
+        levels: number of resolution levels (``levels - 1`` poolings).
+        channels: an int (base width, doubled per level, see ``default_channels``) or the explicit
+            encoder widths, one per level.
+        n_classes: output channels (logits), 5 in seed 000.
+        in_channels: input channels, 1 for a grey-value volume.
+        decoder_channels: output width of each ``Up`` block, deepest first; default
+            ``default_decoder_channels``.
+        norm_act: the norm + activation factory used in every DoubleConv (default BN + ReLU).
+        checkpoint_levels: recompute each block in backward instead of storing its activations
+            (``torch.utils.checkpoint``, notebook 07).
+    """
+
+    def __init__(
+        self,
+        levels: int = 5,
+        channels: int | Sequence[int] = 64,
+        n_classes: int = 5,
+        in_channels: int = 1,
+        decoder_channels: Sequence[int] | None = None,
+        norm_act: NormAct | None = None,
+        checkpoint_levels: bool = False,
+    ):
+        super().__init__()
+        if levels < 2:
+            raise ValueError(f"a U-Net needs at least 2 levels, got levels={levels}")
+        enc = default_channels(levels, channels) if isinstance(channels, int) else tuple(channels)
+        if len(enc) != levels:
+            raise ValueError(
+                f"channels has {len(enc)} entries but levels={levels}: give one width per level"
+            )
+        dec = tuple(decoder_channels) if decoder_channels else default_decoder_channels(enc)
+        if len(dec) != levels - 1:
+            raise ValueError(
+                f"decoder_channels needs levels-1={levels - 1} entries (one per Up), got {len(dec)}"
+            )
+        self.levels, self.in_channels, self.n_classes = levels, in_channels, n_classes
+        self.encoder_channels, self.decoder_channels = enc, dec
+        self.checkpoint_levels = checkpoint_levels
+
+        self.inc = DoubleConv(in_channels, enc[0], norm_act)
+        self.downs = nn.ModuleList(
+            Down(enc[i], enc[i + 1], norm_act) for i in range(levels - 1)
+        )
+        ups = []
+        below = enc[-1]
+        for i, out in enumerate(dec):
+            skip = enc[levels - 2 - i]
+            ups.append(Up(below + skip, out, norm_act))
+            below = out
+        self.ups = nn.ModuleList(ups)
+        self.outc = OutConv(below, n_classes)
+
+    @property
+    def min_size(self) -> int:
+        """The smallest spatial size each of D, H, W may have: one voxel at the deepest level."""
+        return 2 ** (self.levels - 1)
+
+    def check_input(self, x: torch.Tensor) -> None:
+        """Raise a ValueError that names the fix when ``x`` cannot go through this net."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"expected a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 5:
+            hint = (
+                " Add the batch and channel dims: x[None, None]." if x.dim() == 3 else
+                " Add the batch dim: x.unsqueeze(0)." if x.dim() == 4 else ""
+            )
+            raise ValueError(
+                f"UNet3D expects a 5D tensor (batch, channels, depth, height, width), "
+                f"got {x.dim()}D with shape {tuple(x.shape)}.{hint}"
+            )
+        if x.shape[1] != self.in_channels:
+            raise ValueError(
+                f"UNet3D was built for {self.in_channels} input channel(s) but the input has "
+                f"{x.shape[1]} (shape {tuple(x.shape)}). Fix: pass in_channels={x.shape[1]} "
+                "when building the net, or select the right channels."
+            )
+        small = [s for s in x.shape[2:] if s < self.min_size]
+        if small:
+            raise ValueError(
+                f"volume {tuple(x.shape[2:])} is too small for {self.levels} levels: each of "
+                f"D, H, W must be at least 2**(levels-1) = {self.min_size} so that the deepest "
+                f"level keeps one voxel. Fix: crop/pad to >= {self.min_size} per side, or use "
+                f"fewer levels."
+            )
+
+    def _run(self, block: nn.Module, *args: torch.Tensor) -> torch.Tensor:
+        if self.checkpoint_levels and torch.is_grad_enabled():
+            return checkpoint(block, *args, use_reentrant=False)
+        return block(*args)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
+        skips = [self._run(self.inc, x)]
+        for down in self.downs:
+            skips.append(self._run(down, skips[-1]))
+        x = skips.pop()
+        for up in self.ups:
+            x = self._run(up, x, skips.pop())
+        return self.outc(x)
+
+
+SEED000_VARIANTS = {
+    # NetULarge: inc(1,64) down(64,128) (128,256) (256,512) (512,512);
+    # up(1024,256) (512,128) (256,64) (128,64); outc(64,5)
+    "large": dict(levels=5, channels=(64, 128, 256, 512, 512), decoder_channels=(256, 128, 64, 64)),
+    # NetU: inc(1,64) down(64,128) (128,256) (256,256); up(512,256) (384,128) (192,64); outc(64,5)
+    "small": dict(levels=4, channels=(64, 128, 256, 256), decoder_channels=(256, 128, 64)),
+}
+
+
+def seed000_unet(variant: str = "large", **kwargs) -> UNet3D:
+    """One of the two U-Nets from seed 000: ``"large"`` (40,158,853 params) or ``"small"``
+    (14,496,517). Extra keyword arguments go to ``UNet3D`` (e.g. ``norm_act``)."""
+    if variant not in SEED000_VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}: use one of {sorted(SEED000_VARIANTS)}")
+    return UNet3D(n_classes=5, in_channels=1, **SEED000_VARIANTS[variant], **kwargs)
+
+
+def count_parameters(model: nn.Module, trainable_only: bool = True) -> int:
+    """Seed 000's count: ``sum(p.numel() for p in model.parameters() if p.requires_grad)``."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+def level_shapes(model: UNet3D, volume: Sequence[int], batch: int = 1) -> list[tuple[str, tuple[int, ...]]]:
+    """Output shape of every block (inc, downs.k, ups.k, outc), computed on a meta-device copy
+    of ``model``: no memory is used, so any volume works, seed 000's full size included."""
+    meta = copy.deepcopy(model).to("meta")
+    x = torch.empty(batch, meta.in_channels, *volume, device="meta")
+    meta.check_input(x)
+    rows: list[tuple[str, tuple[int, ...]]] = []
+    blocks = [("inc", meta.inc)]
+    blocks += [(f"downs.{k}", m) for k, m in enumerate(meta.downs)]
+    blocks += [(f"ups.{k}", m) for k, m in enumerate(meta.ups)]
+    blocks += [("outc", meta.outc)]
+    for name, m in blocks:
+        m.register_forward_hook(lambda mod, i, o, n=name: rows.append((n, tuple(o.shape))))
+    with torch.no_grad():
+        meta(x)
+    return rows

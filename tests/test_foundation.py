@@ -1,0 +1,145 @@
+"""course_utils foundation: setup, the U-Net, data, training."""
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from course_utils import (
+    PRESETS, SyntheticVolumes, UNet3D, count_parameters, dice_score, make_volume, seed000_unet,
+    setup, train,
+)
+from course_utils.config import SEED000_VOLUME, resolve_device
+from course_utils.unet import level_shapes
+
+
+# -- setup ---------------------------------------------------------------------------------
+def test_setup_defaults_to_tiny_on_cpu(monkeypatch):
+    monkeypatch.delenv("COURSE_SIZE", raising=False)
+    cfg = setup(device="cpu", verbose=False)
+    assert cfg.device.type == "cpu" and cfg.preset.name == "tiny"
+
+
+def test_env_var_overrides_preset(monkeypatch):
+    monkeypatch.setenv("COURSE_SIZE", "full")
+    cfg = setup(device="cpu", verbose=False)
+    assert cfg.preset is PRESETS["full"] and cfg.preset.volume == SEED000_VOLUME == (26, 150, 320)
+    assert cfg.preset.batch == 2
+
+
+def test_unknown_preset_names_the_fix(monkeypatch):
+    monkeypatch.setenv("COURSE_SIZE", "huge")
+    with pytest.raises(ValueError, match=r"unknown size preset 'huge'.*one of \['full', 'tiny'\]"):
+        setup(device="cpu", verbose=False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_cuda_requested_but_absent():
+    with pytest.raises(RuntimeError, match="requested but torch.cuda.is_available.. is False.*Fix"):
+        resolve_device("cuda")
+
+
+def test_setup_prints_device_and_preset(capsys):
+    setup(device="cpu", size="tiny")
+    out = capsys.readouterr().out
+    assert "device: cpu" in out and "preset: tiny" in out
+
+
+# -- the U-Net -----------------------------------------------------------------------------
+def test_seed000_parameter_counts_are_exact():
+    assert count_parameters(seed000_unet("large")) == 40_158_853
+    assert count_parameters(seed000_unet("small")) == 14_496_517
+
+
+def test_halving_middle_channels_would_not_match():
+    # the seed's count pins the block design: middle channels = out, not out // 2
+    assert count_parameters(seed000_unet("large")) != 51_772_357
+
+
+@pytest.mark.parametrize("volume", [(26, 150, 320), (16, 16, 16), (17, 33, 40), (64, 64, 64)])
+def test_shapes_per_level_on_meta(volume):
+    rows = dict(level_shapes(seed000_unet("large"), volume, batch=2))
+    assert rows["outc"] == (2, 5, *volume)
+    assert rows["inc"] == (2, 64, *volume)
+    assert rows["downs.3"][1] == 512
+    assert rows["downs.3"][2:] == tuple(s // 16 for s in volume)
+
+
+def test_full_size_shapes_match_the_seed():
+    rows = dict(level_shapes(seed000_unet("small"), SEED000_VOLUME, batch=2))
+    assert rows["downs.2"] == (2, 256, 3, 18, 40)
+    assert rows["ups.0"] == (2, 256, 6, 37, 80)
+
+
+def test_tiny_forward_backward_real():
+    net = UNet3D(levels=3, channels=4)
+    x = torch.randn(2, 1, 8, 12, 10)
+    out = net(x)
+    assert out.shape == (2, 5, 8, 12, 10)
+    out.sum().backward()
+    assert all(p.grad is not None for p in net.parameters())
+
+
+def test_default_channel_rule():
+    net = UNet3D(levels=5, channels=64)
+    assert net.encoder_channels == (64, 128, 256, 512, 512)
+    assert net.decoder_channels == (256, 128, 64, 64)
+    assert count_parameters(net) == 40_158_853
+
+
+@pytest.mark.parametrize("shape,match", [
+    ((16, 16, 16), r"5D tensor.*got 3D.*x\[None, None\]"),
+    ((1, 16, 16, 16), r"5D tensor.*got 4D.*unsqueeze\(0\)"),
+    ((1, 2, 16, 16, 16), r"built for 1 input channel.*has 2.*in_channels=2"),
+    ((1, 1, 8, 16, 16), r"too small for 5 levels.*at least 2\*\*\(levels-1\) = 16"),
+])
+def test_bad_input_names_the_fix(shape, match):
+    net = UNet3D(levels=5, channels=2)
+    with pytest.raises(ValueError, match=match):
+        net(torch.zeros(shape))
+
+
+def test_bad_construction():
+    with pytest.raises(ValueError, match="one width per level"):
+        UNet3D(levels=4, channels=(8, 16, 32))
+    with pytest.raises(ValueError, match="unknown variant"):
+        seed000_unet("medium")
+
+
+# -- data ----------------------------------------------------------------------------------
+def test_data_is_deterministic_and_has_five_classes():
+    a = SyntheticVolumes(4, (16, 32, 32), seed=3)
+    b = SyntheticVolumes(4, (16, 32, 32), seed=3)
+    for i in range(4):
+        (xa, ya), (xb, yb) = a[i], b[i]
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    x, y = a[0]
+    assert x.shape == (1, 16, 32, 32) and x.dtype == torch.float32
+    assert y.shape == (16, 32, 32) and y.dtype == torch.int64
+    labels = torch.cat([a[i][1].flatten() for i in range(4)])
+    assert set(labels.unique().tolist()) == {0, 1, 2, 3, 4}
+    assert not torch.equal(a[0][1], SyntheticVolumes(4, (16, 32, 32), seed=4)[0][1])
+
+
+def test_data_bad_shape_and_index():
+    with pytest.raises(ValueError, match=r"\(D, H, W\)"):
+        make_volume((16, 16), 0)
+    with pytest.raises(IndexError):
+        SyntheticVolumes(2, (8, 8, 8))[2]
+
+
+# -- training ------------------------------------------------------------------------------
+def test_dice_perfect_and_wrong():
+    target = torch.randint(0, 5, (1, 4, 4, 4))
+    perfect = torch.nn.functional.one_hot(target, 5).permute(0, 4, 1, 2, 3).float()
+    assert dice_score(perfect, target) == pytest.approx(1.0)
+    wrong = torch.nn.functional.one_hot((target + 1) % 5, 5).permute(0, 4, 1, 2, 3).float()
+    assert dice_score(wrong, target) == pytest.approx(0.0)
+
+
+def test_training_reduces_the_loss():
+    torch.manual_seed(0)
+    ds = SyntheticVolumes(4, (16, 16, 16), seed=0)
+    hist = train(UNet3D(levels=3, channels=4), DataLoader(ds, batch_size=2), steps=15,
+                 progress=False)
+    assert len(hist.loss) == 15
+    assert sum(hist.loss[-3:]) / 3 < sum(hist.loss[:3]) / 3

@@ -1,0 +1,210 @@
+"""course_utils.memory and limit_test: exact bytes on hand-computable nets, predictor vs
+measurement, MemTracker pinned, errors and OOM handling."""
+
+import gc
+
+import pytest
+import torch
+from torch import nn
+
+from course_utils import (
+    SavedTensorMeter, UNet3D, catch_oom, explain_oom, largest_that_fits, log_step,
+    predict_step, saved_tensors, seed000_unet,
+)
+from course_utils.limit_test import (
+    LimitTestNet, expected_saved_bytes, input_bytes, make_inputs, naive_bytes,
+)
+from course_utils.memory import MiB, CATEGORIES, MemoryLog
+
+
+# -- saved-for-backward bytes --------------------------------------------------------------
+def test_conv_relu_saves_input_and_relu_output():
+    conv = nn.Conv3d(1, 4, 3, padding=1)
+    x = torch.randn(1, 1, 8, 8, 8)
+    with SavedTensorMeter(conv.parameters()) as m:
+        y = torch.relu(conv(x))
+    assert m.current == (1 + 4) * 8**3 * 4  # conv keeps x, relu keeps its output
+    assert m.param_bytes == conv.weight.numel() * 4  # the weight is referenced, not copied
+    y.sum().backward()
+    del y
+    gc.collect()
+    assert m.current == 0  # freed with the graph
+
+
+@pytest.mark.parametrize("n", [8, 12, 16])
+def test_limit_net_saves_15x_the_input(n):
+    net = LimitTestNet()
+    x, target = make_inputs(n)
+    with SavedTensorMeter(net.parameters()) as m:
+        loss = nn.functional.mse_loss(net(x), target)
+    assert m.current == expected_saved_bytes(n) == 15 * input_bytes(n)
+    assert naive_bytes(n) == 26 * input_bytes(n)
+    loss.backward()
+
+
+def test_inplace_relu_shares_the_conv_output():
+    net = LimitTestNet(inplace=True)
+    x, target = make_inputs(8)
+    with SavedTensorMeter(net.parameters()) as m:
+        loss = nn.functional.mse_loss(net(x), target)
+    # each conv output is overwritten by its in-place ReLU: one storage, as before
+    assert m.current == 15 * input_bytes(8)
+    loss.backward()
+
+
+def test_saved_tensors_lists_nodes():
+    conv = nn.Conv3d(1, 2, 3, padding=1)
+    bn = nn.BatchNorm3d(2)
+    out = torch.relu(bn(conv(torch.randn(2, 1, 4, 4, 4))))
+    rows = saved_tensors(out, params=list(conv.parameters()) + list(bn.parameters()))
+    nodes = {r.node for r in rows}
+    assert {"ConvolutionBackward0", "NativeBatchNormBackward0", "ReluBackward0"} <= nodes
+    relu = [r for r in rows if r.node == "ReluBackward0"]
+    assert relu[0].attr == "_saved_result" and relu[0].shape == (2, 2, 4, 4, 4)
+    assert any(r.is_param for r in rows if r.node == "ConvolutionBackward0")
+    with pytest.raises(ValueError, match="requires grad"):
+        saved_tensors(torch.zeros(3))
+
+
+# -- the hook log and the predictor --------------------------------------------------------
+def test_memory_log_rows_and_breakdown():
+    net = UNet3D(levels=3, channels=4)
+    x, y = torch.randn(2, 1, 8, 8, 8), torch.randint(0, 5, (2, 8, 8, 8))
+    opt = torch.optim.Adam(net.parameters())
+    log = log_step(net, x, y, optimizer=opt)
+    hooks = {r.hook for r in log.rows}
+    assert hooks == {"pre", "fwd", "bwd_pre", "bwd"}
+    assert log.rows[0].module == "UNet3D" and log.rows[0].hook == "pre"
+    bd = log.breakdown("peak")
+    n_param_bytes = sum(p.numel() * 4 for p in net.parameters())
+    assert bd["Parameter"] == n_param_bytes
+    assert bd["Total"] == sum(bd[c] for c in CATEGORIES) == log.peak
+    df = log.frame()
+    assert list(df.columns[:5]) == ["event", "call", "module", "layer_type", "hook"]
+    per = log.per_module_saved()
+    assert "inc.double_conv.0" in per and all(v >= 0 for v in per.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_prediction_equals_cpu_measurement_exactly(dtype):
+    def build():
+        torch.manual_seed(0)
+        return UNet3D(levels=3, channels=4)
+
+    fake = predict_step(build, (2, 1, 8, 16, 12), n_classes=5, dtype=dtype)
+    real = predict_step(build, (2, 1, 8, 16, 12), n_classes=5, dtype=dtype, fake=False)
+    assert fake.peak == real.peak
+    assert fake.breakdown == real.breakdown
+    assert fake.saved_peak == real.saved_peak
+    assert "predicted" in fake.method and "measured" in real.method
+
+
+def test_full_size_seed000_predicted_in_seconds():
+    preds = {v: predict_step(lambda v=v: seed000_unet(v), (2, 1, 26, 150, 320), n_classes=5,
+                             dtype=torch.float16) for v in ("large", "small")}
+    for p in preds.values():
+        assert p.breakdown["Activation"] > 10 * p.breakdown["Parameter"]
+        assert 3000 * MiB < p.peak < 8000 * MiB  # the seed saw ~7000 MiB on nvidia-smi
+    assert preds["large"].parameters == 40_158_853
+    # 2.8x fewer parameters, yet the small net does not peak lower
+    assert preds["small"].peak > 0.9 * preds["large"].peak
+
+
+def test_limit_net_prediction_scales_with_n_cubed():
+    a = predict_step(LimitTestNet, (1, 1, 100, 100, 100), (1, 1, 100, 100, 100), optimizer=None)
+    b = predict_step(LimitTestNet, (1, 1, 200, 200, 200), (1, 1, 200, 200, 200), optimizer=None)
+    assert a.saved_peak == expected_saved_bytes(100)
+    assert b.saved_peak == expected_saved_bytes(200)
+    assert 7.5 < b.peak / a.peak < 8.1
+
+
+def test_bad_inputs():
+    with pytest.raises(TypeError, match="expected an nn.Module"):
+        log_step("not a model", torch.zeros(1), torch.zeros(1))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        log_step(nn.Linear(2, 2), [1, 2], torch.zeros(1))
+    with pytest.raises(ValueError, match="5D tensor"):
+        predict_step(lambda: UNet3D(3, 4), (1, 8, 8, 8), n_classes=5)
+    with pytest.raises(ValueError, match="optimizer must be"):
+        predict_step(lambda: UNet3D(3, 4), (1, 1, 8, 8, 8), n_classes=5, optimizer="lion")
+
+
+# -- MemTracker is private API: pin what we rely on -----------------------------------------
+def test_memtracker_private_api_is_as_expected():
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+
+    assert {m.value for m in _MemRefType} == set(CATEGORIES)
+    for name in ("_pre_fw_hook", "_post_fw_hook", "_pre_bw_hook", "_post_bw_hook",
+                 "get_tracker_snapshot", "track_external", "_mod_tracker"):
+        assert hasattr(MemTracker(), name), f"MemTracker.{name} is gone: update MemoryLog"
+    assert issubclass(MemoryLog, MemTracker)
+
+
+# -- budgets and OOM -------------------------------------------------------------------------
+@pytest.mark.parametrize("limit", [1, 7, 100, 1023, 4096])
+def test_largest_that_fits(limit):
+    calls = []
+    assert largest_that_fits(lambda n: calls.append(n) or n <= limit) == limit
+    assert len(calls) < 30
+    assert largest_that_fits(lambda n: False) == 0
+
+
+OOM_MESSAGE = (
+    "CUDA out of memory. Tried to allocate 2.50 GiB. GPU 0 has a total capacity of 79.19 GiB of "
+    "which 1.06 GiB is free. Process 1 has 78.12 GiB memory in use. Of the allocated memory "
+    "74.50 GiB is allocated by PyTorch, and 3.10 GiB is reserved by PyTorch but unallocated."
+)
+
+
+def test_explain_oom_pulls_out_the_figures():
+    text = explain_oom(torch.OutOfMemoryError(OOM_MESSAGE))
+    for part in ("2.50 GiB", "1.06 GiB of 79.19 GiB", "74.50 GiB", "3.10 GiB", "expandable"):
+        assert part in text
+
+
+def test_catch_oom_catches_and_explains(capsys):
+    with catch_oom() as r:
+        raise torch.OutOfMemoryError(OOM_MESSAGE)
+    assert not r.ok and "asked for" in capsys.readouterr().out
+    with catch_oom(verbose=False) as r:
+        pass
+    assert r.ok
+    with pytest.raises(ValueError):
+        with catch_oom():
+            raise ValueError("not an OOM: must propagate")
+
+
+# -- on a GPU: the prediction against the CUDA allocator -------------------------------------
+def _cuda_step_peak(model, x, target, loss_fn, opt):
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    loss = loss_fn(model(x), target)
+    loss.backward()
+    opt.step()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("which", ["unet", "limit"])
+def test_prediction_within_10_percent_of_cuda(which):
+    if which == "unet":
+        build, shape, tshape, ncls, dtype = (lambda: seed000_unet("large"), (2, 1, 26, 150, 320),
+                                             None, 5, torch.float16)
+    else:
+        build, shape, tshape, ncls, dtype = LimitTestNet, (1, 1, 256, 256, 256), (1, 1, 256, 256, 256), None, torch.float32
+    pred = predict_step(build, shape, tshape, n_classes=ncls, dtype=dtype)
+    torch.set_default_dtype(dtype)
+    try:
+        model = build().cuda()
+    finally:
+        torch.set_default_dtype(torch.float32)
+    x = torch.randn(shape, device="cuda", dtype=dtype)
+    target = (torch.randint(0, 5, (shape[0], *shape[2:]), device="cuda") if ncls
+              else torch.randn(tshape, device="cuda", dtype=dtype))
+    loss_fn = nn.functional.cross_entropy if ncls else nn.functional.mse_loss
+    opt = torch.optim.Adam(model.parameters())
+    measured = _cuda_step_peak(model, x, target, loss_fn, opt)
+    resident = sum(p.numel() * p.element_size() for p in model.parameters()) + x.nbytes + target.nbytes
+    # the prediction counts the step from an empty device; compare like with like
+    assert abs(pred.peak - measured) / measured < 0.10, (pred.peak / MiB, measured / MiB, resident / MiB)
