@@ -8,8 +8,12 @@ outputs (4 + 8 + 1 = 13 input-sizes) and the target -- 15 x the input, not 26 x.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
+
+from .memory import MiB, SavedTensorMeter, predict_step, require_cuda
 
 #: Seed 003's measurements (MB as read off nvidia-smi, CUDA context included): N -> (forward,
 #: backward); None = the run failed (OOM, or cuDNN had no 3D backward algorithm at that size).
@@ -62,3 +66,50 @@ def make_inputs(n: int, device: str | torch.device = "cpu", dtype: torch.dtype =
     shape = (1, 1, n, n, n)
     return (torch.randn(shape, device=device, dtype=dtype),
             torch.randn(shape, device=device, dtype=dtype))
+
+
+@dataclass
+class LimitRun:
+    """One memory-limit run at cube size N (bytes)."""
+
+    n: int
+    after_forward: int  # live bytes once the loss is computed (the seed's "Forward")
+    peak: int  # the step's peak, backward included
+    saved: int  # saved-for-backward bytes
+    method: str
+
+    def row(self) -> dict:
+        naive = naive_bytes(self.n)
+        return {"N": self.n, "input MiB": round(input_bytes(self.n) / MiB, 1),
+                "after forward MiB": round(self.after_forward / MiB, 1),
+                "peak MiB": round(self.peak / MiB, 1),
+                "saved MiB": round(self.saved / MiB, 1),
+                "forward / naive 26x": round(self.after_forward / naive, 2),
+                "method": self.method}
+
+
+def run_limit_test(n: int, device: str | torch.device | None = None, fake: bool = True) -> LimitRun:
+    """Seed 003's step at cube size ``n``.
+
+    * ``device='cuda'``: measured with the CUDA allocator (``memory_allocated`` after forward,
+      ``max_memory_allocated`` over the step).
+    * otherwise: the MemTracker log, on fake tensors (``fake=True``, any N in milliseconds) or on
+      real CPU tensors (``fake=False``).
+    """
+    if device is not None and torch.device(device).type == "cuda":
+        require_cuda("run_limit_test(device='cuda')")
+        net = LimitTestNet().cuda()
+        x, target = make_inputs(n, "cuda")
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        with SavedTensorMeter(net.parameters()) as meter:
+            loss = nn.functional.mse_loss(net(x), target)
+        after_forward = torch.cuda.memory_allocated()
+        loss.backward()
+        torch.cuda.synchronize()
+        return LimitRun(n, after_forward, torch.cuda.max_memory_allocated(), meter.peak,
+                        "measured (cuda allocator)")
+    pred = predict_step(LimitTestNet, (1, 1, n, n, n), (1, 1, n, n, n), optimizer=None, fake=fake)
+    after_forward = next(r.tracked for r in pred.log.rows if r.call == 0 and r.hook == "fwd")
+    # + the loss: one scalar; the row is taken after the net's forward, before mse_loss
+    return LimitRun(n, after_forward, pred.peak, pred.saved_peak, pred.method)
