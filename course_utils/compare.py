@@ -1,0 +1,82 @@
+"""Baseline vs technique: one table, the same step measured or predicted for each variant."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .memory import cuda_peak, mib, predict_step
+
+
+def technique_table(
+    builds: dict[str, Callable[[], nn.Module]],
+    input_shape: tuple[int, ...],
+    *,
+    n_classes: int = 5,
+    dtype: torch.dtype = torch.float32,
+    fake: bool = True,
+    device: str | torch.device = "cpu",
+    autocast: dict[str, torch.dtype | None] | None = None,
+):
+    """One training step (forward, backward, Adam) per variant; the first is the baseline.
+
+    * ``device='cuda'``: measured with the CUDA allocator (``max_memory_allocated``); the
+      saved-for-backward column is measured too.
+    * otherwise the MemTracker log: predicted under ``FakeTensorMode`` (``fake=True``) or
+      measured on real CPU tensors (``fake=False``).
+
+    ``autocast`` maps a variant's name to the dtype its forward runs under ``torch.autocast``.
+    Returns a pandas DataFrame, memory in MiB.
+    """
+    import pandas as pd
+
+    autocast = autocast or {}
+    rows = []
+    for name, build in builds.items():
+        ac = autocast.get(name)
+        if torch.device(device).type == "cuda":
+            rows.append(_cuda_row(name, build, input_shape, n_classes, dtype, ac, device))
+            continue
+        p = predict_step(build, input_shape, n_classes=n_classes, dtype=dtype, fake=fake,
+                         autocast_dtype=ac)
+        rows.append({"variant": name, "peak MiB": mib(p.peak), "saved MiB": mib(p.saved_peak),
+                     "activations at peak MiB": mib(p.breakdown["Activation"]),
+                     "method": p.method})
+    df = pd.DataFrame(rows)
+    base = df["peak MiB"].iloc[0]
+    df["peak vs baseline %"] = (100 * (df["peak MiB"] - base) / base).round(1)
+    base_saved = df["saved MiB"].iloc[0]
+    df["saved vs baseline %"] = (100 * (df["saved MiB"] - base_saved) / base_saved).round(1)
+    for c in ("peak MiB", "saved MiB", "activations at peak MiB"):
+        df[c] = df[c].round(1)
+    return df[["variant", "peak MiB", "peak vs baseline %", "saved MiB", "saved vs baseline %",
+               "activations at peak MiB", "method"]]
+
+
+def _cuda_row(name, build, input_shape, n_classes, dtype, ac, device):
+    from .memory import SavedTensorMeter
+
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        model = build().to(device)
+    finally:
+        torch.set_default_dtype(old)
+    x = torch.randn(input_shape, device=device, dtype=dtype)
+    y = torch.randint(0, n_classes, (input_shape[0], *input_shape[2:]), device=device)
+    opt = torch.optim.Adam(model.parameters())
+    meter = SavedTensorMeter(model.parameters())
+
+    def step():
+        with meter, torch.autocast("cuda", dtype=ac or torch.float16, enabled=ac is not None):
+            out = model(x)
+        nn.functional.cross_entropy(out.float(), y).backward()
+        opt.step()
+
+    peak = cuda_peak(step, baseline=False)
+    del model, opt
+    return {"variant": name, "peak MiB": mib(peak.peak_allocated), "saved MiB": mib(meter.peak),
+            "activations at peak MiB": float("nan"),
+            "method": "measured (cuda max_memory_allocated)"}
