@@ -10,6 +10,8 @@ One concept a module:
                     CUDA peaks, out-of-memory explained
 * ``allocator``  -- the CUDA caching allocator: snapshots, expandable segments
 * ``limit_test`` -- seed 003's Conv3d 1-4-8-1 memory-limit net
+* ``inplace_abn`` -- In-Place Activated BatchNorm (BN + leaky ReLU, stores only its output)
+* ``compare``    -- ``technique_table``: baseline vs technique in one table
 """
 
 from .config import PRESETS, CourseSetup, Preset, setup

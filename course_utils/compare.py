@@ -19,6 +19,7 @@ def technique_table(
     fake: bool = True,
     device: str | torch.device = "cpu",
     autocast: dict[str, torch.dtype | None] | None = None,
+    dtypes: dict[str, torch.dtype] | None = None,
 ):
     """One training step (forward, backward, Adam) per variant; the first is the baseline.
 
@@ -27,21 +28,23 @@ def technique_table(
     * otherwise the MemTracker log: predicted under ``FakeTensorMode`` (``fake=True``) or
       measured on real CPU tensors (``fake=False``).
 
-    ``autocast`` maps a variant's name to the dtype its forward runs under ``torch.autocast``.
+    ``autocast`` maps a variant's name to the dtype its forward runs under ``torch.autocast``;
+    ``dtypes`` maps a name to the dtype its model and input are built in (default ``dtype``).
     Returns a pandas DataFrame, memory in MiB.
     """
     import pandas as pd
 
-    autocast = autocast or {}
+    autocast, dtypes = autocast or {}, dtypes or {}
     rows = []
     for name, build in builds.items():
-        ac = autocast.get(name)
+        ac, dt = autocast.get(name), dtypes.get(name, dtype)
         if torch.device(device).type == "cuda":
-            rows.append(_cuda_row(name, build, input_shape, n_classes, dtype, ac, device))
+            rows.append(_cuda_row(name, build, input_shape, n_classes, dt, ac, device))
             continue
-        p = predict_step(build, input_shape, n_classes=n_classes, dtype=dtype, fake=fake,
+        p = predict_step(build, input_shape, n_classes=n_classes, dtype=dt, fake=fake,
                          autocast_dtype=ac)
         rows.append({"variant": name, "peak MiB": mib(p.peak), "saved MiB": mib(p.saved_peak),
+                     "params MiB": mib(p.breakdown["Parameter"]),
                      "activations at peak MiB": mib(p.breakdown["Activation"]),
                      "method": p.method})
     df = pd.DataFrame(rows)
@@ -51,8 +54,9 @@ def technique_table(
     df["saved vs baseline %"] = (100 * (df["saved MiB"] - base_saved) / base_saved).round(1)
     for c in ("peak MiB", "saved MiB", "activations at peak MiB"):
         df[c] = df[c].round(1)
+    df["params MiB"] = df["params MiB"].round(1)
     return df[["variant", "peak MiB", "peak vs baseline %", "saved MiB", "saved vs baseline %",
-               "activations at peak MiB", "method"]]
+               "activations at peak MiB", "params MiB", "method"]]
 
 
 def _cuda_row(name, build, input_shape, n_classes, dtype, ac, device):
@@ -77,6 +81,8 @@ def _cuda_row(name, build, input_shape, n_classes, dtype, ac, device):
 
     peak = cuda_peak(step, baseline=False)
     del model, opt
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
     return {"variant": name, "peak MiB": mib(peak.peak_allocated), "saved MiB": mib(meter.peak),
+            "params MiB": mib(params),
             "activations at peak MiB": float("nan"),
             "method": "measured (cuda max_memory_allocated)"}
