@@ -212,7 +212,6 @@ class MemoryLog(MemTracker):
         params = list(model.parameters()) if model is not None else []
         self.saved = SavedTensorMeter(params)
         self.cuda = torch.cuda.is_available() if cuda is None else cuda
-        self._root = type(model).__name__ if model is not None else None
 
     # -- MemTracker's module hooks, extended with a row each ---------------------------------
     def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
