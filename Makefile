@@ -17,8 +17,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Jupyter refuses to start as root without --allow-root (containers, cloud VMs): add it only then
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: install
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab $(ROOT_FLAG) notebooks/
 
 # the whole suite: unit tests and every notebook in notebooks/ (see pytest settings in pyproject.toml)
 test: install
