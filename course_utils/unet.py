@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from .checkpointing import checkpointed
 
 #: builds the normalisation + activation that follows each convolution, for ``channels`` channels.
 NormAct = Callable[[int], Sequence[nn.Module]]
@@ -129,7 +129,11 @@ class UNet3D(nn.Module):
             ``default_decoder_channels``.
         norm_act: the norm + activation factory used in every DoubleConv (default BN + ReLU).
         checkpoint_levels: recompute each block in backward instead of storing its activations
-            (``torch.utils.checkpoint``, notebook 07).
+            (``torch.utils.checkpoint``, non-reentrant; notebook 07).
+        checkpoint_policy: a selective-checkpointing policy (e.g.
+            ``checkpointing.save_convolutions``): what to store inside a checkpointed block.
+        checkpoint_fix_bn: freeze BatchNorm running statistics while a block is recomputed, so
+            that they are updated once per step, as without checkpointing.
     """
 
     def __init__(
@@ -141,6 +145,8 @@ class UNet3D(nn.Module):
         decoder_channels: Sequence[int] | None = None,
         norm_act: NormAct | None = None,
         checkpoint_levels: bool = False,
+        checkpoint_policy: Callable | None = None,
+        checkpoint_fix_bn: bool = True,
     ):
         super().__init__()
         if levels < 2:
@@ -158,6 +164,7 @@ class UNet3D(nn.Module):
         self.levels, self.in_channels, self.n_classes = levels, in_channels, n_classes
         self.encoder_channels, self.decoder_channels = enc, dec
         self.checkpoint_levels = checkpoint_levels
+        self.checkpoint_policy, self.checkpoint_fix_bn = checkpoint_policy, checkpoint_fix_bn
 
         self.inc = DoubleConv(in_channels, enc[0], norm_act)
         self.downs = nn.ModuleList(
@@ -207,7 +214,8 @@ class UNet3D(nn.Module):
 
     def _run(self, block: nn.Module, *args: torch.Tensor) -> torch.Tensor:
         if self.checkpoint_levels and torch.is_grad_enabled():
-            return checkpoint(block, *args, use_reentrant=False)
+            return checkpointed(block, *args, policy=self.checkpoint_policy,
+                                fix_bn=self.checkpoint_fix_bn)
         return block(*args)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
