@@ -11,7 +11,8 @@ One concept a module:
 * ``allocator``  -- the CUDA caching allocator: snapshots, expandable segments
 * ``limit_test`` -- seed 003's Conv3d 1-4-8-1 memory-limit net
 * ``inplace_abn`` -- In-Place Activated BatchNorm (BN + leaky ReLU, stores only its output)
-* ``compare``    -- ``technique_table``: baseline vs technique in one table
+* ``compare``    -- ``technique_table``: baseline vs technique in one table; ``step_time``
+* ``checkpointing`` -- BN-safe checkpointing, selective policy, sqrt(n) stack, DenseNet block
 """
 
 from .config import PRESETS, CourseSetup, Preset, setup

@@ -86,3 +86,35 @@ def _cuda_row(name, build, input_shape, n_classes, dtype, ac, device):
             "params MiB": mib(params),
             "activations at peak MiB": float("nan"),
             "method": "measured (cuda max_memory_allocated)"}
+
+
+def step_time(build: Callable[[], nn.Module], input_shape: tuple[int, ...], *, n_classes: int = 5,
+              device: str | torch.device = "cpu", reps: int = 3,
+              autocast_dtype: torch.dtype | None = None) -> float:
+    """Median seconds of one real training step (forward, backward, Adam), after one warm-up.
+    For notebooks and benchmarks; tests never assert on time."""
+    import statistics
+    import time
+
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    model = build().to(dev)
+    x = torch.randn(input_shape, device=dev)
+    y = torch.randint(0, n_classes, (input_shape[0], *input_shape[2:]), device=dev)
+    opt = torch.optim.Adam(model.parameters())
+    times = []
+    for i in range(reps + 1):
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(dev.type, dtype=autocast_dtype or torch.bfloat16,
+                            enabled=autocast_dtype is not None):
+            out = model(x)
+        nn.functional.cross_entropy(out.float(), y).backward()
+        opt.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        if i:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
