@@ -324,64 +324,93 @@ def bubble_fraction(stages: int, micro_batches: int) -> float:
     return (stages - 1) / (micro_batches + stages - 1)
 
 
+def simulate_gpipe(timelines: list[list[tuple[str, int, float, float]]]) -> dict:
+    """Replay a 2-stage GPipe schedule with the measured op durations and free communication:
+    the ideal step time and each stage's idle share, to compare with what was measured.
+
+    Dependencies: F(s, i) after F(s, i-1) and F(s-1, i); the backward runs micro-batches in
+    reverse, B(1, i) after every forward of stage 1, B(s, i) after B(s, previous) and B(s+1, i)."""
+    dur = [{(k, i): e - s for k, i, s, e in tl} for tl in timelines]
+    m = 1 + max(i for k, i in dur[0] if k == "F")
+    end: dict[tuple[int, str, int], float] = {}
+    for i in range(m):
+        end[0, "F", i] = end.get((0, "F", i - 1), 0.0) + dur[0]["F", i]
+        end[1, "F", i] = max(end.get((1, "F", i - 1), 0.0), end[0, "F", i]) + dur[1]["F", i]
+    prev1, prev0 = end[1, "F", m - 1], end[0, "F", m - 1]
+    for i in reversed(range(m)):
+        end[1, "B", i] = prev1 = prev1 + dur[1]["B", i]
+        end[0, "B", i] = prev0 = max(prev0, end[1, "B", i]) + dur[0]["B", i]
+    makespan = max(end.values())
+    return {"ideal_step_s": makespan,
+            "ideal_idle": [1 - sum(d.values()) / makespan for d in dur]}
+
+
 def pipeline_worker(rank: int, world: int, device: torch.device, config: dict) -> dict:
     """GPipe with 2 stages: rank 0 runs the encoder, rank 1 the decoder and the loss. All
-    micro-batches go forward, then all go backward. Records (kind, micro-batch, start, end)."""
+    micro-batches go forward, then all go backward. One untimed warm-up step first (first calls
+    set up kernels), then the timed step records (kind, micro-batch, start, end) per op."""
     if world != 2:
         raise ValueError(f"pipeline_worker splits the U-Net in 2 stages: run it with 2 ranks, not {world}")
     net = build_net(config)
     m = config.get("micro_batches", 4)
     x, y = global_batch(config)
     xs, ys = x.chunk(m), y.chunk(m)
+    stage = (EncoderStage(net) if rank == 0 else DecoderStage(net)).to(device)
+    if rank == 1:
+        enc = EncoderStage(build_net(config)).to("meta")
+        shapes = [s.shape for s in enc(torch.empty(xs[0].shape, device="meta"))]
+
+    def step(timeline: list | None) -> None:
+        t0 = time.perf_counter()
+
+        def timed(kind, i, fn):
+            start = time.perf_counter() - t0
+            out = fn()
+            if timeline is not None:
+                timeline.append((kind, i, start, time.perf_counter() - t0))
+            return out
+
+        if rank == 0:
+            outs = []
+            for i in range(m):
+                skips = timed("F", i, lambda i=i: stage(xs[i].to(device)))
+                for s in skips:
+                    dist.send(s.detach().contiguous(), dst=1)
+                outs.append(skips)
+            for i in reversed(range(m)):
+                grads = [torch.empty_like(s) for s in outs[i]]
+                for g in grads:
+                    dist.recv(g, src=1)
+                timed("B", i, lambda i=i, grads=grads: torch.autograd.backward(outs[i], grads))
+                outs[i] = None
+        else:
+            inputs, losses = [], []
+            for i in range(m):
+                skips = [torch.empty(sh, device=device) for sh in shapes]
+                for s in skips:
+                    dist.recv(s, src=0)
+                    s.requires_grad_()
+                loss = timed("F", i, lambda i=i, skips=skips:
+                             nn.functional.cross_entropy(stage(skips), ys[i].to(device)) / m)
+                inputs.append(skips)
+                losses.append(loss)
+            for i in reversed(range(m)):
+                timed("B", i, lambda i=i: losses[i].backward())
+                for s in inputs[i]:
+                    dist.send(s.grad.contiguous(), dst=0)
+                inputs[i] = losses[i] = None
+
+    step(None)  # warm-up
+    stage.zero_grad(set_to_none=True)
     timeline: list[tuple[str, int, float, float]] = []
     dist.barrier()
     t0 = time.perf_counter()
-
-    def timed(kind, i, fn):
-        start = time.perf_counter() - t0
-        out = fn()
-        timeline.append((kind, i, start, time.perf_counter() - t0))
-        return out
-
-    if rank == 0:
-        stage = EncoderStage(net).to(device)
-        outs = []
-        for i in range(m):
-            skips = timed("F", i, lambda i=i: stage(xs[i].to(device)))
-            for s in skips:
-                dist.send(s.detach().contiguous(), dst=1)
-            outs.append(skips)
-        for i in reversed(range(m)):
-            grads = [torch.empty_like(s) for s in outs[i]]
-            for g in grads:
-                dist.recv(g, src=1)
-            timed("B", i, lambda i=i, grads=grads: torch.autograd.backward(outs[i], grads))
-            outs[i] = None
-        params = list(stage.parameters())
-    else:
-        stage = DecoderStage(net).to(device)
-        enc = EncoderStage(build_net(config)).to("meta")
-        shapes = [s.shape for s in enc(torch.empty(xs[0].shape, device="meta"))]
-        inputs, losses = [], []
-        for i in range(m):
-            skips = [torch.empty(sh, device=device) for sh in shapes]
-            for s in skips:
-                dist.recv(s, src=0)
-                s.requires_grad_()
-            loss = timed("F", i, lambda i=i, skips=skips:
-                         nn.functional.cross_entropy(stage(skips), ys[i].to(device)) / m)
-            inputs.append(skips)
-            losses.append(loss)
-        for i in reversed(range(m)):
-            timed("B", i, lambda i=i: losses[i].backward())
-            for s in inputs[i]:
-                dist.send(s.grad.contiguous(), dst=0)
-            inputs[i] = losses[i] = None
-        params = list(stage.parameters())
+    step(timeline)
     dist.barrier()
     total = time.perf_counter() - t0
-    busy = sum(e - s for _, _, s, e in timeline)
-    return {"rank": rank, "timeline": timeline, "step_s": total, "busy_s": busy,
+    params = list(stage.parameters())
+    return {"rank": rank, "timeline": timeline, "step_s": total,
+            "busy_s": sum(e - s for _, _, s, e in timeline),
             "grads": [p.grad.detach().cpu().clone() for p in params],
             "param_bytes": sum(p.numel() * p.element_size() for p in params)}
 
