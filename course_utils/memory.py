@@ -204,14 +204,26 @@ class MemoryLog(MemTracker):
     that an upgrade that changes them fails loudly.
     """
 
-    def __init__(self, model: nn.Module | None = None, cuda: bool | None = None):
+    def __init__(self, model: nn.Module | None = None, cuda: bool | None = None,
+                 module_peaks: bool = True):
         super().__init__()
+        self.module_peaks = module_peaks
         self.rows: list[Row] = []
         self._calls: dict[int, int] = {}
         self._n_calls = 0
         params = list(model.parameters()) if model is not None else []
         self.saved = SavedTensorMeter(params)
         self.cuda = torch.cuda.is_available() if cuda is None else cuda
+
+    def _update_peak_stats(self, peak_state) -> None:
+        if self.module_peaks:
+            return super()._update_peak_stats(peak_state)
+        # only the global peak: MemTracker's per-module loop runs over every module on every
+        # op, and is most of its cost; the explorer needs the global figure alone
+        for dev, snap in self._curr_mem_snap.items():
+            if self._peak_mem.get(dev, 0) < snap["Total"]:
+                self._peak_mem[dev] = snap["Total"]
+                self._peak_mem_snap[dev] = dict(snap)
 
     # -- MemTracker's module hooks, extended with a row each ---------------------------------
     def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
@@ -358,6 +370,7 @@ def log_step(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy,
     optimizer: torch.optim.Optimizer | None = None,
     autocast_dtype: torch.dtype | None = None,
+    module_peaks: bool = True,
 ) -> MemoryLog:
     """Run forward, backward and (if given) ``optimizer.step()`` under a ``MemoryLog``.
 
@@ -365,7 +378,7 @@ def log_step(
     Gradients are left in ``.grad`` (as after a real step); the log is returned.
     """
     _check_model_and_input(model, x)
-    log = MemoryLog(model, cuda=x.device.type == "cuda")
+    log = MemoryLog(model, cuda=x.device.type == "cuda", module_peaks=module_peaks)
     extra = [optimizer] if optimizer is not None else []
     log.track_external(model, x, target, *extra)
     with log:
@@ -412,6 +425,7 @@ def predict_step(
     autocast_dtype: torch.dtype | None = None,
     n_classes: int | None = None,
     fake: bool = True,
+    module_peaks: bool = True,
 ) -> Prediction:
     """Predict the memory of one training step without running it.
 
@@ -420,6 +434,9 @@ def predict_step(
     indices of ``target_shape`` (default: the input's shape without the channel dim, with
     ``n_classes`` classes -> cross-entropy) or, if ``n_classes`` is None and ``target_shape`` is
     given, a float tensor (-> MSE). ``optimizer``: "adam", "sgd", None (no step) or a factory.
+
+    ``module_peaks=False`` skips MemTracker's per-module peak bookkeeping (about half its cost);
+    the global peak and breakdown are unchanged.
 
     With ``fake=False`` the same step runs on real CPU tensors: the figures must then agree
     exactly with the fake ones (a test checks this), which is what makes the prediction trustworthy.
@@ -448,7 +465,7 @@ def predict_step(
             else:
                 target = torch.randn(tuple(target_shape))
             opt = _make_optimizer(optimizer, model)
-            log = log_step(model, x, target, loss_fn, opt, autocast_dtype)
+            log = log_step(model, x, target, loss_fn, opt, autocast_dtype, module_peaks)
     finally:
         torch.set_default_dtype(old_dtype)
     return Prediction(

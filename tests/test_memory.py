@@ -99,6 +99,13 @@ def test_prediction_equals_cpu_measurement_exactly(dtype):
     assert "predicted" in fake.method and "measured" in real.method
 
 
+def test_global_peak_without_module_peaks_is_the_same():
+    kw = dict(n_classes=5, dtype=torch.float16)
+    a = predict_step(lambda: seed000_unet("small"), (1, 1, 26, 150, 320), **kw)
+    b = predict_step(lambda: seed000_unet("small"), (1, 1, 26, 150, 320), module_peaks=False, **kw)
+    assert a.peak == b.peak and a.breakdown == b.breakdown
+
+
 def test_full_size_seed000_predicted_in_seconds():
     preds = {v: predict_step(lambda v=v: seed000_unet(v), (2, 1, 26, 150, 320), n_classes=5,
                              dtype=torch.float16) for v in ("large", "small")}
@@ -135,7 +142,8 @@ def test_memtracker_private_api_is_as_expected():
 
     assert {m.value for m in _MemRefType} == set(CATEGORIES)
     for name in ("_pre_fw_hook", "_post_fw_hook", "_pre_bw_hook", "_post_bw_hook",
-                 "get_tracker_snapshot", "track_external", "_mod_tracker"):
+                 "get_tracker_snapshot", "track_external", "_mod_tracker", "_update_peak_stats",
+                 "_curr_mem_snap", "_peak_mem", "_peak_mem_snap"):
         assert hasattr(MemTracker(), name), f"MemTracker.{name} is gone: update MemoryLog"
     assert issubclass(MemoryLog, MemTracker)
 

@@ -1,0 +1,70 @@
+"""The explorer's estimates: batch scaling checked against direct predictions, the largest
+batch, every switch, bad input; the widget builds."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from course_utils import predict_step
+from course_utils.explorer import PRECISIONS, Config, build, estimate, table
+from course_utils.memory import GiB
+
+SMALL = Config(levels=3, base_channels=8, volume=(16, 32, 32), batch=2, precision="fp32", seed000=False)
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+@pytest.mark.parametrize("batch", [1, 3])
+def test_scaled_estimate_matches_a_direct_prediction(precision, batch):
+    cfg = replace(SMALL, precision=precision, batch=batch)
+    dtype, ac = PRECISIONS[precision]
+    p = predict_step(lambda: build(cfg), (batch, 1, *cfg.volume), n_classes=5, dtype=dtype,
+                     optimizer=None, autocast_dtype=ac)
+    direct = p.peak + 2 * p.breakdown["Parameter"]  # + Adam's two moments, resident from step 2
+    assert estimate(cfg).total == pytest.approx(direct, rel=0.03)
+
+
+def test_largest_batch_fits_and_one_more_does_not():
+    cfg = replace(SMALL, budget_gib=1)
+    n = estimate(cfg).largest_batch
+    assert n > 1
+    assert estimate(replace(cfg, batch=n)).total <= 1 * GiB < estimate(replace(cfg, batch=n + 1)).total
+
+
+def test_ranks_split_the_batch_not_the_model():
+    one, four = estimate(replace(SMALL, batch=8)), estimate(replace(SMALL, batch=8, dp_ranks=4))
+    assert four.local_batch == 2
+    assert four.parts["params"] == one.parts["params"]
+    assert four.parts["activations"] * 4 == one.parts["activations"]
+    assert four.largest_batch == 4 * estimate(SMALL).largest_batch
+
+
+def test_techniques_lower_the_estimate():
+    base = estimate(replace(SMALL, batch=4)).total
+    for kw in (dict(inplace_abn=True), dict(checkpointing="every level"), dict(precision="autocast bf16")):
+        assert estimate(replace(SMALL, batch=4, **kw)).total < base, kw
+
+
+def test_seed000_configs_use_the_exact_nets():
+    from course_utils import count_parameters
+
+    assert count_parameters(build(Config())) == 40_158_853
+    assert count_parameters(build(Config(levels=4))) == 14_496_517
+
+
+def test_bad_configs():
+    with pytest.raises(ValueError, match="precision must be one of"):
+        estimate(replace(SMALL, precision="fp8"))
+    with pytest.raises(ValueError, match="too small for 3 levels"):
+        estimate(replace(SMALL, volume=(2, 32, 32)))
+    with pytest.raises(ValueError, match="checkpointing must be one of"):
+        estimate(replace(SMALL, checkpointing="all"))
+
+
+def test_table_and_widget_build():
+    df = table([SMALL, replace(SMALL, inplace_abn=True)])
+    assert list(df["In-Place ABN"]) == [False, True]
+    from course_utils.explorer import explorer
+
+    box = explorer(SMALL)
+    assert len(box.children) == 5
