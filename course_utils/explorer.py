@@ -61,6 +61,12 @@ def _validate(cfg: Config) -> None:
         raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {cfg.precision!r}")
     if cfg.checkpointing not in CHECKPOINTING:
         raise ValueError(f"checkpointing must be one of {list(CHECKPOINTING)}, got {cfg.checkpointing!r}")
+    if cfg.inplace_abn and cfg.checkpointing.startswith("selective"):
+        raise ValueError(
+            "selective checkpointing keeps each convolution's output, and In-Place ABN overwrites "
+            "that output in place (PyTorch refuses: 'Tensor cached during selective activation "
+            "checkpoint has been mutated'). Use full checkpointing ('every level') with In-Place ABN."
+        )
     if cfg.batch < 1 or cfg.dp_ranks < 1:
         raise ValueError("batch and dp_ranks must be >= 1")
     small = [s for s in cfg.volume if s < 2 ** (cfg.levels - 1)]
@@ -142,11 +148,14 @@ def table(configs: list[Config]):
 
 
 def all_combinations(base: Config, precisions=None) -> list[Config]:
-    """Every combination of precision x activation trick x checkpointing, on ``base``."""
+    """Every valid combination of precision x activation trick x checkpointing, on ``base``
+    (In-Place ABN with selective checkpointing is left out: they cannot be combined)."""
     out = []
     for prec in precisions or PRECISIONS:
         for relu, abn in ((False, False), (True, False), (False, True)):
             for ck in CHECKPOINTING:
+                if abn and ck.startswith("selective"):
+                    continue
                 out.append(replace(base, precision=prec, inplace_relu=relu, inplace_abn=abn, checkpointing=ck))
     return out
 

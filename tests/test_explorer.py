@@ -57,6 +57,8 @@ def test_bad_configs():
         estimate(replace(SMALL, precision="fp8"))
     with pytest.raises(ValueError, match="too small for 3 levels"):
         estimate(replace(SMALL, volume=(2, 32, 32)))
+    with pytest.raises(ValueError, match="In-Place ABN overwrites"):
+        estimate(replace(SMALL, inplace_abn=True, checkpointing="selective (save convs)"))
     with pytest.raises(ValueError, match="checkpointing must be one of"):
         estimate(replace(SMALL, checkpointing="all"))
 
