@@ -467,6 +467,134 @@ def check_segments(best_segments: Callable[[int], int], verbose: bool = True) ->
 
 
 # --------------------------------------------------------------------------------------------
+# 08 -- a DDP step that matches the single-process gradient
+# --------------------------------------------------------------------------------------------
+def check_ddp_step(ddp_step: Callable, verbose: bool = True) -> Report:
+    """``ddp_step(model, x, y, rank, world) -> list of gradients``: take this rank's shard of the
+    global batch, wrap the model in DDP, one forward/backward. Run on 2 gloo processes."""
+    import inspect
+    import textwrap
+
+    from .parallel import launch, single_process_grads, source_worker
+
+    c = Checker("08 ddp_step", verbose)
+    ranks = None
+    with c.part("runs on 2 processes", 1):
+        try:
+            source = textwrap.dedent(inspect.getsource(ddp_step))
+        except (OSError, TypeError):
+            raise CheckFailed("cannot read the source of ddp_step: define it with def in a cell") from None
+        config = {"source": source, "name": ddp_step.__name__, "norm": "gn", "global_batch": 4}
+        try:
+            ranks = launch(source_worker, 2, config, timeout_s=120)
+        except RuntimeError as err:
+            last = [ln for ln in str(err).splitlines() if ln.strip()]
+            raise CheckFailed(f"a rank failed: {last[-1][:200] if last else err}") from None
+    with c.part("each rank uses only its half of the batch", 1):
+        if ranks is None:
+            raise CheckFailed("did not run")
+        expect_equal("batch seen by the model on rank 0", ranks[0]["batch_seen"], [2])
+    with c.part("gradients equal the single-process gradient on the whole batch", 2):
+        if ranks is None:
+            raise CheckFailed("did not run")
+        ref = single_process_grads({"norm": "gn", "global_batch": 4})
+        for r in ranks:
+            if len(r["grads"]) != len(ref):
+                raise CheckFailed(f"expected {len(ref)} gradients (one per parameter), got {len(r['grads'])}")
+            for k, (g, e) in enumerate(zip(r["grads"], ref)):
+                expect_close(f"rank {r['rank']}, gradient {k}", g, e, atol=1e-5, rtol=1e-3)
+    return c.done()
+
+
+# --------------------------------------------------------------------------------------------
+# 09 -- split the U-Net into two stages
+# --------------------------------------------------------------------------------------------
+def check_split(split_unet: Callable, verbose: bool = True) -> Report:
+    """``split_unet(net) -> (stage1, stage2)``: ``stage1(x)`` returns the list of skip tensors,
+    ``stage2(skips)`` the logits; together exactly ``net``."""
+    from .unet import UNet3D
+
+    c = Checker("09 split_unet", verbose)
+    torch.manual_seed(0)
+    net = UNet3D(levels=3, channels=4)
+    x = torch.randn(2, 1, 8, 8, 8)
+    ref = net(x)
+    ref.sum().backward()
+    ref_grads = {n: p.grad.clone() for n, p in net.named_parameters()}
+    net.zero_grad()
+    stages = None
+    with c.part("the two stages share no parameter and together hold them all", 1):
+        stages = split_unet(net)
+        s1, s2 = ({id(p) for p in s.parameters()} for s in stages)
+        if s1 & s2:
+            raise CheckFailed(f"{len(s1 & s2)} parameters are in both stages")
+        expect_equal("parameters in the two stages", len(s1 | s2), len(list(net.parameters())))
+    with c.part("stage2(stage1(x)) equals net(x)", 2):
+        if stages is None:
+            raise CheckFailed("split_unet did not run")
+        out = stages[1](stages[0](x))
+        expect_close("output", out, ref.detach())
+    with c.part("the gradients equal the unsplit net's", 1):
+        if stages is None:
+            raise CheckFailed("split_unet did not run")
+        out.sum().backward()
+        for n, p in net.named_parameters():
+            expect_close(f"grad of {n}", p.grad, ref_grads[n])
+    return c.done()
+
+
+# --------------------------------------------------------------------------------------------
+# 10 -- beat the budget challenge
+# --------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def best_safe_batch(budget_gib: int = 8) -> int:
+    """The largest batch of any autocast-fp16 configuration (fp32 master weights) of seed 000's
+    net at 26x150x320 within the budget; bf16 needs the same memory and fp32 more."""
+    from . import explorer as ex
+
+    base = ex.Config(budget_gib=budget_gib)
+    return max(ex.estimate(cfg).largest_batch
+               for cfg in ex.all_combinations(base, precisions=["autocast fp16"]))
+
+
+def check_budget(my_config: Callable, verbose: bool = True) -> Report:
+    """``my_config() -> explorer.Config`` for seed 000's large net at 26x150x320 with fp32 master
+    weights, fitting the largest batch in 8 GiB."""
+    from . import explorer as ex
+    from .config import SEED000_VOLUME
+
+    c = Checker("10 budget challenge", verbose)
+    cfg = None
+    with c.part("a valid configuration of seed 000's net, fp32 master weights", 1):
+        cfg = my_config()
+        if not isinstance(cfg, ex.Config):
+            raise CheckFailed(f"return a course_utils.explorer.Config, got {type(cfg).__name__}")
+        expect_equal("volume", tuple(cfg.volume), SEED000_VOLUME)
+        expect_equal("(levels, base_channels)", (cfg.levels, cfg.base_channels), (5, 64))
+        expect_equal("budget_gib", cfg.budget_gib, 8)
+        if cfg.precision == "fp16 model (seed 000)":
+            raise CheckFailed("the fp16-built model has no fp32 master weights (notebook 04): use autocast")
+        ex.estimate(cfg)  # raises for invalid combinations
+    with c.part("beats the baseline (batch 3 for the fp16 model)", 1):
+        if cfg is None:
+            raise CheckFailed("no configuration")
+        got = ex.estimate(replace_batch(cfg)).largest_batch
+        if got <= ex.estimate(ex.Config()).largest_batch:
+            raise CheckFailed(f"largest batch {got}: no better than the seed's setup")
+    with c.part("matches the best safe configuration", 2):
+        if cfg is None:
+            raise CheckFailed("no configuration")
+        expect_equal("largest batch in 8 GiB", ex.estimate(replace_batch(cfg)).largest_batch, best_safe_batch(8))
+    return c.done()
+
+
+def replace_batch(cfg, batch: int = 1):
+    from dataclasses import replace
+
+    return replace(cfg, batch=batch, dp_ranks=1)
+
+
+# --------------------------------------------------------------------------------------------
 # The registry: which check grades which exercise, and on which names the learner defines
 # --------------------------------------------------------------------------------------------
 EXERCISES: dict[str, list[tuple[str, list[str]]]] = {
@@ -478,6 +606,9 @@ EXERCISES: dict[str, list[tuple[str, list[str]]]] = {
     "05": [("check_inplace", ["answers", "fixed"])],
     "06": [("check_abn_backward", ["abn_backward"])],
     "07": [("check_checkpointed_encoder", ["encoder_forward"]), ("check_segments", ["best_segments"])],
+    "08": [("check_ddp_step", ["ddp_step"])],
+    "09": [("check_split", ["split_unet"])],
+    "10": [("check_budget", ["my_config"])],
 }
 
 

@@ -490,3 +490,19 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     raise SystemExit(main())
 
+
+
+def source_worker(rank: int, world: int, device: torch.device, config: dict) -> dict:
+    """Runs a learner's ``ddp_step(model, x, y, rank, world) -> grads`` given as source code
+    (a notebook's functions cannot be imported by spawned processes). The namespace has
+    ``torch``, ``nn``, ``dist`` and ``DDP``. Records the batch size the model saw."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ns: dict[str, Any] = {"torch": torch, "nn": nn, "dist": dist, "DDP": DDP}
+    exec(compile(config["source"], "<learner>", "exec"), ns)
+    net = build_net(config).to(device)
+    seen: list[int] = []
+    net.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[0]))
+    x, y = global_batch(config)
+    grads = ns[config["name"]](net, x, y, rank, world)
+    return {"rank": rank, "grads": [g.detach().cpu() for g in grads], "batch_seen": seen}

@@ -3,6 +3,7 @@ a message; the grader's class report for fixture submissions is exactly as expec
 
 import csv
 import json
+import linecache
 from pathlib import Path
 
 import nbformat
@@ -26,6 +27,9 @@ WRONG = {
     "05": ('"Sigmoid": False', '"Sigmoid": True'),
     "06": ("dx = g * dy", "dx = dy"),
     "07": ("(s - 1) + 2 * n / s", "(s - 1) + n / s"),
+    "08": ("loss = nn.functional.cross_entropy(ddp(xs), ys)", "loss = nn.functional.cross_entropy(ddp(x), y)"),
+    "09": ("skips.append(down(skips[-1]))", "skips.append(down(skips[-1]).detach())"),
+    "10": ('checkpointing="every level"', 'checkpointing="none"'),
 }
 
 
@@ -33,14 +37,16 @@ def run_cells(nb, replace=None) -> dict:
     """Execute a notebook's code cells in one namespace, in-process; a failing cell is skipped
     (as the learner's kernel would go on)."""
     ns: dict = {"__name__": "__main__"}
-    for cell in nb.cells:
+    for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
         src = cell.source
         if replace and replace[0] in src:
             src = src.replace(*replace)
+        name = f"<cell-{id(nb)}-{i}>"  # registered so that inspect.getsource works, as in IPython
+        linecache.cache[name] = (len(src), None, src.splitlines(True), name)
         try:
-            exec(compile(src, "<cell>", "exec"), ns)
+            exec(compile(src, name, "exec"), ns)
         except Exception:
             pass
     return ns
