@@ -13,6 +13,9 @@ One concept a module:
 * ``inplace_abn`` -- In-Place Activated BatchNorm (BN + leaky ReLU, stores only its output)
 * ``compare``    -- ``technique_table``: baseline vs technique in one table; ``step_time``
 * ``checkpointing`` -- BN-safe checkpointing, selective policy, sqrt(n) stack, DenseNet block
+* ``parallel``   -- DDP, FSDP2 and GPipe workers launched from a notebook or torchrun
+* ``explorer``   -- every technique as a switch: predicted memory and the largest batch
+* ``checks`` / ``exercises`` / ``grade`` -- the exercises' checks, generator and grader
 """
 
 from .config import PRESETS, CourseSetup, Preset, setup
