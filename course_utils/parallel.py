@@ -200,6 +200,13 @@ def global_batch(config: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(b, 1, *vol, generator=g), torch.randint(0, 5, (b, *vol), generator=g)
 
 
+def relative_error(got: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
+    """Largest difference between two lists of gradients, relative to the largest reference
+    gradient. (Per-tensor ratios would blow up on conv biases in front of BatchNorm, whose true
+    gradient is zero and whose computed one is rounding noise.)"""
+    return max((a - b).abs().max().item() for a, b in zip(got, ref)) / max(b.abs().max().item() for b in ref)
+
+
 def single_process_grads(config: dict) -> list[torch.Tensor]:
     """The reference: one process, the whole global batch, one backward."""
     net = build_net(config)

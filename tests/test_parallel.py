@@ -7,14 +7,8 @@ import torch
 from course_utils import UNet3D
 from course_utils.parallel import (
     TwoStageUNet, accumulated_grads, bubble_fraction, ddp_worker, failing_worker, fsdp_worker,
-    launch, pipeline_worker, single_process_grads, stuck_worker,
+    launch, pipeline_worker, relative_error as rel_error, single_process_grads, stuck_worker,
 )
-
-
-def rel_error(got, ref):
-    """Largest difference relative to the largest gradient (per-tensor ratios would blow up on
-    the conv biases before BatchNorm, whose true gradient is zero)."""
-    return max((a - b).abs().max().item() for a, b in zip(got, ref)) / max(b.abs().max().item() for b in ref)
 
 
 @pytest.fixture(scope="module")
