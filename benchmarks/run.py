@@ -64,7 +64,7 @@ def cuda_row(cfg: ex.Config, budget: int) -> dict:
 
     peak = cuda_peak(lambda: steps(cfg.batch))
     t = step_time(lambda: ex.build(cfg).to(dtype), (cfg.batch, 1, *cfg.volume), device="cuda",
-                  autocast_dtype=ac)
+                  autocast_dtype=ac, dtype=dtype)
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, budget * GiB / total))
 

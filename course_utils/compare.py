@@ -90,16 +90,18 @@ def _cuda_row(name, build, input_shape, n_classes, dtype, ac, device):
 
 def step_time(build: Callable[[], nn.Module], input_shape: tuple[int, ...], *, n_classes: int = 5,
               device: str | torch.device = "cpu", reps: int = 3,
-              autocast_dtype: torch.dtype | None = None) -> float:
+              autocast_dtype: torch.dtype | None = None,
+              dtype: torch.dtype = torch.float32) -> float:
     """Median seconds of one real training step (forward, backward, Adam), after one warm-up.
-    For notebooks and benchmarks; tests never assert on time."""
+    ``dtype`` is the input's (match a model built in fp16). For notebooks and benchmarks; tests
+    never assert on time."""
     import statistics
     import time
 
     dev = torch.device(device)
     torch.manual_seed(0)
     model = build().to(dev)
-    x = torch.randn(input_shape, device=dev)
+    x = torch.randn(input_shape, device=dev, dtype=dtype)
     y = torch.randint(0, n_classes, (input_shape[0], *input_shape[2:]), device=dev)
     opt = torch.optim.Adam(model.parameters())
     times = []
