@@ -25,6 +25,7 @@ import socket
 import tempfile
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -73,6 +74,7 @@ def _entry(rank: int, worker: Callable, world_size: int, port: int, config: dict
         device = _init(rank, world_size, port)
         result = worker(rank, world_size, device, config)
         torch.save({"ok": True, "result": result}, path)
+        dist.barrier()  # no collective may still be in flight when the process group goes
     except BaseException:
         torch.save({"ok": False, "error": traceback.format_exc()}, path)
         raise
