@@ -80,7 +80,6 @@ def _cuda_row(name, build, input_shape, n_classes, dtype, ac, device):
         opt.step()
 
     peak = cuda_peak(step, baseline=False)
-    del model, opt
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     return {"variant": name, "peak MiB": mib(peak.peak_allocated), "saved MiB": mib(meter.peak),
             "params MiB": mib(params),
