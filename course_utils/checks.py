@@ -135,19 +135,16 @@ def check_tensor_nbytes(tensor_nbytes: Callable[[tuple[int, ...], torch.dtype], 
 # --------------------------------------------------------------------------------------------
 # 01 -- DoubleConv and Up
 # --------------------------------------------------------------------------------------------
-def _n_params(m: nn.Module) -> int:
-    return sum(p.numel() for p in m.parameters() if p.requires_grad)
-
-
 def check_double_conv(DoubleConv: type, verbose: bool = True) -> Report:
     """``DoubleConv(in, out)``: (Conv3d 3x3x3 -> BatchNorm3d -> ReLU) x 2, middle = out."""
     from . import unet
+    from .unet import count_parameters
 
     c = Checker("01 DoubleConv", verbose)
     with c.part("parameter counts (1->64, 64->128, 512->512)", 2):
         for cin, cout in ((1, 64), (64, 128), (512, 512)):
-            expect_equal(f"params of DoubleConv({cin}, {cout})", _n_params(DoubleConv(cin, cout)),
-                         _n_params(unet.DoubleConv(cin, cout)))
+            expect_equal(f"params of DoubleConv({cin}, {cout})", count_parameters(DoubleConv(cin, cout)),
+                         count_parameters(unet.DoubleConv(cin, cout)))
     with c.part("shape: keeps D, H, W; changes channels", 1):
         out = DoubleConv(2, 6)(torch.randn(2, 2, 5, 6, 7))
         expect_equal("output shape", tuple(out.shape), (2, 6, 5, 6, 7))
@@ -162,24 +159,25 @@ def check_up(Up: type, DoubleConv: type, verbose: bool = True) -> Report:
     """``Up(in, out)``: trilinear x2, pad to the skip, concat [skip, x], DoubleConv(in, out);
     and both seed 000 nets assembled from the learner's blocks have the exact counts."""
     from . import unet
+    from .unet import count_parameters
 
     c = Checker("01 Up", verbose)
     with c.part("odd sizes: upsample, pad to the skip, concat", 2):
         up, ref = Up(96, 32), unet.Up(96, 32)
         deep, skip = torch.randn(1, 64, 3, 4, 5), torch.randn(1, 32, 7, 9, 10)
         expect_equal("output shape", tuple(up(deep, skip).shape), tuple(ref(deep, skip).shape))
-        expect_equal("params of Up(96, 32)", _n_params(up), _n_params(ref))
+        expect_equal("params of Up(96, 32)", count_parameters(up), count_parameters(ref))
     for variant, expected in (("large", 40_158_853), ("small", 14_496_517)):
         with c.part(f"seed 000 {variant} net from your blocks: {expected:,} params", 2):
             cfg = unet.SEED000_VARIANTS[variant]
             enc, dec = cfg["channels"], cfg["decoder_channels"]
-            total = _n_params(DoubleConv(1, enc[0]))
-            total += sum(_n_params(DoubleConv(a, b)) for a, b in zip(enc, enc[1:]))
+            total = count_parameters(DoubleConv(1, enc[0]))
+            total += sum(count_parameters(DoubleConv(a, b)) for a, b in zip(enc, enc[1:]))
             below = enc[-1]
             for i, out in enumerate(dec):
-                total += _n_params(Up(below + enc[len(enc) - 2 - i], out))
+                total += count_parameters(Up(below + enc[len(enc) - 2 - i], out))
                 below = out
-            total += _n_params(unet.OutConv(below, 5))
+            total += count_parameters(unet.OutConv(below, 5))
             expect_equal("trainable parameters", total, expected)
     return c.done()
 
@@ -396,6 +394,7 @@ def check_checkpointed_encoder(encoder_forward: Callable, verbose: bool = True) 
     """``encoder_forward(net, x) -> list[Tensor]``: the skip tensors of ``net.inc`` and each
     ``net.downs[k]``, every block run under ``torch.utils.checkpoint`` (non-reentrant)."""
     from .memory import SavedTensorMeter
+    from .parallel import EncoderStage
     from .unet import UNet3D
 
     c = Checker("07 checkpointed encoder", verbose)
@@ -403,17 +402,11 @@ def check_checkpointed_encoder(encoder_forward: Callable, verbose: bool = True) 
     net = UNet3D(levels=3, channels=4)
     x = torch.randn(2, 1, 8, 8, 8)
 
-    def plain(n, xx):
-        skips = [n.inc(xx)]
-        for d in n.downs:
-            skips.append(d(skips[-1]))
-        return skips
-
     encoder = [(f"inc.{n}", p) for n, p in net.inc.named_parameters()]
     encoder += [(f"downs.{n}", p) for n, p in net.downs.named_parameters()]
     state = {k: v.clone() for k, v in net.state_dict().items()}
     with SavedTensorMeter(net.parameters()) as m_ref:
-        ref = plain(net, x)
+        ref = EncoderStage(net)(x)
     sum(s.sum() for s in ref).backward()
     ref_grads = [p.grad.clone() for _, p in encoder]
     net.load_state_dict(state)

@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .memory import cuda_peak, mib, predict_step
+from .memory import cuda_peak, default_dtype, mib, predict_step
 
 
 def technique_table(
@@ -62,12 +62,8 @@ def technique_table(
 def _cuda_row(name, build, input_shape, n_classes, dtype, ac, device):
     from .memory import SavedTensorMeter
 
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
+    with default_dtype(dtype):
         model = build().to(device)
-    finally:
-        torch.set_default_dtype(old)
     x = torch.randn(input_shape, device=device, dtype=dtype)
     y = torch.randint(0, n_classes, (input_shape[0], *input_shape[2:]), device=device)
     opt = torch.optim.Adam(model.parameters())

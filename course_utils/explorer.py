@@ -69,10 +69,7 @@ def _validate(cfg: Config) -> None:
         )
     if cfg.batch < 1 or cfg.dp_ranks < 1:
         raise ValueError("batch and dp_ranks must be >= 1")
-    small = [s for s in cfg.volume if s < 2 ** (cfg.levels - 1)]
-    if small:
-        raise ValueError(f"volume {cfg.volume} too small for {cfg.levels} levels: every side must "
-                         f"be >= {2 ** (cfg.levels - 1)}")
+    # a volume too small for the levels is reported by UNet3D.check_input itself
 
 
 def build(cfg: Config) -> UNet3D:
@@ -99,8 +96,7 @@ def _per_sample(key: tuple) -> dict[str, int]:
     b = p.breakdown
     return {"params": b["Parameter"] + b["Buffer"], "grads": b["Gradient"],
             "per_sample": b["Activation"] + b["Temp"] + b["Other"],
-            "activations_per_sample": b["Activation"], "param_bytes": b["Parameter"],
-            "n_params": p.parameters}
+            "activations_per_sample": b["Activation"], "param_bytes": b["Parameter"]}
 
 
 @dataclass
@@ -114,9 +110,6 @@ class Estimate:
     @property
     def total(self) -> int:
         return sum(self.parts.values())
-
-    def fits(self) -> bool:
-        return self.total <= self.config.budget_gib * GiB
 
     def row(self) -> dict[str, Any]:
         c = self.config

@@ -24,10 +24,10 @@ allocated outside PyTorch's dispatcher.
 
 from __future__ import annotations
 
-import math
+import contextlib
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -353,6 +353,17 @@ class MemoryLog(MemTracker):
 # --------------------------------------------------------------------------------------------
 # One training step under the log; the GPU-free predictor
 # --------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Build modules in ``dtype`` (``.to(dtype)`` fails on fake parameters); restores the old one."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
 def _check_model_and_input(model: Any, x: Any) -> None:
     if not isinstance(model, nn.Module):
         raise TypeError(
@@ -452,10 +463,8 @@ def predict_step(
     if loss_fn is None:
         loss_fn = nn.functional.cross_entropy if classify else nn.functional.mse_loss
 
-    mode = FakeTensorMode() if fake else _NullContext()
-    old_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)  # build in dtype: .to(dtype) fails on fake parameters
-    try:
+    mode = FakeTensorMode() if fake else contextlib.nullcontext()
+    with default_dtype(dtype):
         with mode:
             model = build_model()
             _check_model_and_input(model, torch.empty(0))
@@ -466,22 +475,12 @@ def predict_step(
                 target = torch.randn(tuple(target_shape))
             opt = _make_optimizer(optimizer, model)
             log = log_step(model, x, target, loss_fn, opt, autocast_dtype, module_peaks)
-    finally:
-        torch.set_default_dtype(old_dtype)
     return Prediction(
         peak=log.peak, breakdown=log.breakdown("peak"), saved_peak=log.saved.peak,
         parameters=sum(p.numel() for p in model.parameters()), log=log,
         method="predicted (MemTracker under FakeTensorMode)" if fake
         else "measured (MemTracker on real CPU tensors)",
     )
-
-
-class _NullContext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 def _make_optimizer(spec: Any, model: nn.Module) -> torch.optim.Optimizer | None:
@@ -629,8 +628,3 @@ def cuda_peak(fn: Callable[[], Any], baseline: bool = True) -> CudaPeak:
         torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved(),
         torch.cuda.memory_allocated(), torch.cuda.memory_reserved(),
     )
-
-
-def round_up(nbytes: int, block: int = 512) -> int:
-    """The CUDA caching allocator rounds every request up to a multiple of 512 bytes."""
-    return int(math.ceil(nbytes / block) * block)

@@ -14,7 +14,7 @@ from course_utils import (
 from course_utils.limit_test import (
     LimitTestNet, expected_saved_bytes, input_bytes, make_inputs, naive_bytes,
 )
-from course_utils.memory import MiB, CATEGORIES, MemoryLog
+from course_utils.memory import MiB, CATEGORIES, MemoryLog, default_dtype
 
 
 # -- saved-for-backward bytes --------------------------------------------------------------
@@ -202,11 +202,8 @@ def test_prediction_within_10_percent_of_cuda(which):
     else:
         build, shape, tshape, ncls, dtype = LimitTestNet, (1, 1, 256, 256, 256), (1, 1, 256, 256, 256), None, torch.float32
     pred = predict_step(build, shape, tshape, n_classes=ncls, dtype=dtype)
-    torch.set_default_dtype(dtype)
-    try:
+    with default_dtype(dtype):
         model = build().cuda()
-    finally:
-        torch.set_default_dtype(torch.float32)
     x = torch.randn(shape, device="cuda", dtype=dtype)
     target = (torch.randint(0, 5, (shape[0], *shape[2:]), device="cuda") if ncls
               else torch.randn(tshape, device="cuda", dtype=dtype))
