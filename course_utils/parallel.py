@@ -22,6 +22,7 @@ import argparse
 import datetime
 import os
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -81,6 +82,13 @@ def _entry(rank: int, worker: Callable, world_size: int, port: int, config: dict
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    # The result is on disk. Leave now, without the interpreter's teardown: under load, gloo's
+    # background threads can still be running when C++ static destructors run, and the process
+    # then aborts ("terminate called without an active exception") after its work is done.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # config["exit_code_after_result"] lets the tests play a crash at exit (see launch)
+    os._exit(int(config.get("exit_code_after_result", 0)))
 
 
 def launch(worker: Callable, world_size: int = 2, config: dict | None = None,
@@ -127,6 +135,12 @@ def launch(worker: Callable, world_size: int = 2, config: dict | None = None,
             # lead with the cause: a rank whose error is not "my peer went away"
             consequence = ("closed by peer", "Connection reset", "ended without a result")
             errors.sort(key=lambda e: any(c in e[1] for c in consequence))
+            if not errors and len(results) == world_size:
+                # every rank delivered its result, then a process died on its way out
+                warnings.warn(f"{worker.__name__}: every rank returned its result, but a process "
+                              f"crashed while exiting ({failure}); the results are complete.",
+                              RuntimeWarning, stacklevel=2)
+                return results
             if not errors:
                 raise RuntimeError(f"a worker of {worker.__name__} failed: {failure}")
             rank, tb = errors[0]
@@ -468,6 +482,22 @@ def stuck_worker(rank: int, world: int, device: torch.device, config: dict) -> N
     dist.barrier()
 
 
+def source_worker(rank: int, world: int, device: torch.device, config: dict) -> dict:
+    """Runs a learner's ``ddp_step(model, x, y, rank, world) -> grads`` given as source code
+    (a notebook's functions cannot be imported by spawned processes). The namespace has
+    ``torch``, ``nn``, ``dist`` and ``DDP``. Records the batch size the model saw."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ns: dict[str, Any] = {"torch": torch, "nn": nn, "dist": dist, "DDP": DDP}
+    exec(compile(config["source"], "<learner>", "exec"), ns)
+    net = build_net(config).to(device)
+    seen: list[int] = []
+    net.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[0]))
+    x, y = global_batch(config)
+    grads = ns[config["name"]](net, x, y, rank, world)
+    return {"rank": rank, "grads": [g.detach().cpu() for g in grads], "batch_seen": seen}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point for ``torchrun --nproc-per-node=N -m course_utils.parallel``."""
     ap = argparse.ArgumentParser(description="DDP/FSDP training of the course U-Net")
@@ -498,20 +528,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-
-def source_worker(rank: int, world: int, device: torch.device, config: dict) -> dict:
-    """Runs a learner's ``ddp_step(model, x, y, rank, world) -> grads`` given as source code
-    (a notebook's functions cannot be imported by spawned processes). The namespace has
-    ``torch``, ``nn``, ``dist`` and ``DDP``. Records the batch size the model saw."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    ns: dict[str, Any] = {"torch": torch, "nn": nn, "dist": dist, "DDP": DDP}
-    exec(compile(config["source"], "<learner>", "exec"), ns)
-    net = build_net(config).to(device)
-    seen: list[int] = []
-    net.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[0]))
-    x, y = global_batch(config)
-    grads = ns[config["name"]](net, x, y, rank, world)
-    return {"rank": rank, "grads": [g.detach().cpu() for g in grads], "batch_seen": seen}

@@ -7,7 +7,8 @@ import torch
 from course_utils import UNet3D
 from course_utils.parallel import (
     TwoStageUNet, accumulated_grads, bubble_fraction, ddp_worker, failing_worker, fsdp_worker,
-    launch, pipeline_worker, relative_error as rel_error, single_process_grads, stuck_worker,
+    launch, pipeline_worker, relative_error as rel_error, single_process_grads, source_worker,
+    stuck_worker,
 )
 
 
@@ -84,3 +85,14 @@ def test_worker_failure_is_a_clear_error():
 def test_a_stuck_worker_times_out():
     with pytest.raises(TimeoutError, match="did not finish within 15 s"):
         launch(stuck_worker, 2, {"sleep_s": 120}, timeout_s=15)
+
+
+def test_a_crash_at_exit_after_every_result_is_a_warning():
+    # gloo can abort a process during interpreter teardown, after its work is done: launch keeps
+    # the complete results and warns instead of failing
+    with pytest.warns(RuntimeWarning, match="every rank returned its result"):
+        r0, r1 = launch(source_worker, 2, {
+            "name": "step", "norm": "gn", "exit_code_after_result": 3,
+            "source": "def step(model, x, y, rank, world):\n"
+                      "    return [p.detach() for p in model.parameters()][:1]\n"})
+    assert r0["rank"] == 0 and r1["rank"] == 1
