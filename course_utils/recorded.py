@@ -1,0 +1,142 @@
+"""Figures recorded on a real CUDA GPU, shown where the learner's machine has none.
+
+A notebook cell that needs a GPU has two branches::
+
+    if cfg.is_cuda:
+        table = measure_something()                 # the real torch.cuda figure
+        recorded.record("02/expandable_segments", table)
+        display(table)
+    else:
+        recorded.show("02/expandable_segments")     # the figure a GPU showed, labelled
+
+``record`` writes nothing unless ``$COURSE_RECORD_DIR`` is set: the GPU kit
+(``python -m course_utils.gpu_report``) sets it while it executes every notebook at full size,
+then collects what the cells recorded into ``recorded/<gpu>.json`` in the repository. ``show``
+reads those files and prints the figure with the GPU, the date and the torch version it was
+recorded with -- or, when no GPU run has been recorded yet, says so in one line.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ENV_VAR = "COURSE_RECORD_DIR"
+ROOT = Path(__file__).resolve().parent.parent
+RECORDED = ROOT / "recorded"
+
+
+def _encode(value: Any) -> dict[str, Any]:
+    """A JSON form of a figure: a pandas DataFrame, a string, or anything ``json`` accepts."""
+    try:
+        import pandas as pd
+    except ImportError:  # pragma: no cover - pandas is a dependency
+        pd = None
+    if pd is not None and isinstance(value, pd.DataFrame):
+        return {"kind": "table", "columns": [str(c) for c in value.columns],
+                "index": [str(i) for i in value.index],
+                "data": json.loads(value.to_json(orient="values", double_precision=6))}
+    if isinstance(value, str):
+        return {"kind": "text", "data": value}
+    try:
+        json.dumps(value)
+    except TypeError as err:
+        raise TypeError(
+            f"recorded figures must be a DataFrame, a string or JSON data, got "
+            f"{type(value).__name__} ({err}). Fix: convert it, e.g. to a dict of numbers."
+        ) from None
+    return {"kind": "json", "data": value}
+
+
+def _decode(entry: dict[str, Any]) -> Any:
+    if entry["kind"] == "table":
+        import pandas as pd
+
+        return pd.DataFrame(entry["data"], columns=entry["columns"], index=entry.get("index"))
+    return entry["data"]
+
+
+def machine() -> dict[str, str]:
+    """What a figure was recorded on: GPU name, torch and CUDA versions, date."""
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu-{platform.machine()}"
+    return {"gpu": gpu, "torch": torch.__version__, "cuda": str(torch.version.cuda),
+            "date": datetime.date.today().isoformat()}
+
+
+def record(key: str, value: Any) -> Any:
+    """Keep ``value`` (measured on a GPU) under ``key`` if the GPU kit is collecting figures
+    (``$COURSE_RECORD_DIR`` set); otherwise do nothing. Returns ``value``."""
+    out = os.environ.get(ENV_VAR)
+    if not out:
+        return value
+    if not key or any(c in key for c in "\\:*?\"<>| "):
+        raise ValueError(f"record key {key!r}: use letters, digits, '_', '-', '.' and '/'")
+    entry = {"key": key, **machine(), **_encode(value)}
+    path = Path(out) / (key.replace("/", "__") + ".json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(entry, indent=1))
+    return value
+
+
+def collect(src: str | Path, dest: str | Path | None = None) -> Path:
+    """Merge the per-figure files ``record`` wrote under ``src`` into one
+    ``recorded/<gpu>.json`` (what the repository keeps). Returns its path."""
+    entries = [json.loads(p.read_text()) for p in sorted(Path(src).glob("*.json"))]
+    if not entries:
+        raise FileNotFoundError(f"no recorded figures under {src}")
+    meta = {k: entries[0][k] for k in ("gpu", "torch", "cuda", "date")}
+    figures = {e["key"]: {k: v for k, v in e.items() if k not in meta and k != "key"} for e in entries}
+    dest = Path(dest) if dest else RECORDED / (meta["gpu"].replace(" ", "_").replace("/", "_") + ".json")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps({"meta": meta, "figures": figures}, indent=1) + "\n")
+    return dest
+
+
+@dataclass
+class Recorded:
+    key: str
+    value: Any
+    meta: dict[str, str]
+
+    @property
+    def label(self) -> str:
+        m = self.meta
+        return f"recorded on {m['gpu']}, {m['date']}, torch {m['torch']} (CUDA {m['cuda']})"
+
+
+def lookup(key: str, folder: str | Path | None = None) -> Recorded | None:
+    """The newest recording of ``key`` among ``recorded/*.json``, or None."""
+    found = []
+    for path in sorted(Path(folder or RECORDED).glob("*.json")):
+        data = json.loads(path.read_text())
+        if key in data.get("figures", {}):
+            found.append((data["meta"]["date"], data["meta"], data["figures"][key]))
+    if not found:
+        return None
+    _, meta, entry = max(found, key=lambda f: f[0])
+    return Recorded(key, _decode(entry), meta)
+
+
+def show(key: str, what: str = "", folder: str | Path | None = None) -> Any:
+    """Print (and display, in a notebook) the GPU figure recorded under ``key``, labelled with
+    where it came from; without a recording, say so. ``what`` describes the figure for that
+    case. Returns the value or None."""
+    rec = lookup(key, folder)
+    if rec is None:
+        print(f"No GPU run has been recorded for this figure yet{f' ({what})' if what else ''}: "
+              "this machine has no CUDA GPU. On one, `python -m course_utils.gpu_report` records it.")
+        return None
+    print(f"This machine has no CUDA GPU. The figure below was {rec.label}:")
+    try:
+        from IPython.display import display
+    except ImportError:  # plain Python
+        display = print
+    display(rec.value)
+    return rec.value
