@@ -5,21 +5,28 @@ Three instruments, each naming its method in what it prints:
 * ``SavedTensorMeter`` -- *saved-for-backward bytes*: every tensor autograd stores for the backward
   pass goes through ``torch.autograd.graph.saved_tensors_hooks``; we count its storage once (views
   and in-place results share a storage) and release it when autograd frees it. Device-independent:
-  the same number on CPU and GPU.
+  the same number on CPU and GPU. (Inside a checkpointed region ``torch.utils.checkpoint``'s own
+  hooks take over: what a checkpoint keeps is not seen here; ``Prediction.after_forward`` is.)
 * ``MemoryLog`` -- seed 000's hook table. A subclass of PyTorch's
   ``torch.distributed._tools.mem_tracker.MemTracker`` (a ``TorchDispatchMode`` that sees every
   tensor an op creates and when it dies) with one row per module event: pre-forward, forward,
   pre-backward, backward. Columns: *live tensor bytes* tracked by MemTracker (parameters,
   gradients, optimizer state, activations, temporaries), saved-for-backward bytes, and on CUDA the
-  allocator's own ``memory_allocated`` / ``memory_reserved``.
-* ``predict_step`` -- the same log run under ``FakeTensorMode``: tensors have shapes and dtypes but
-  no data, so seed 000's full-size U-Net is "trained" for one step on a laptop CPU in seconds, and
-  the tracked peak predicts the CUDA ``max_memory_allocated``.
+  allocator's own ``memory_allocated`` / ``memory_reserved``. A finished log holds figures, not
+  tensors: it never keeps the measured model alive.
+* ``predict_step`` -- the course's training step (``train.training_step``) run under the log on
+  ``FakeTensorMode`` tensors: shapes and dtypes, no data, so seed 000's full-size U-Net is
+  "trained" on a laptop CPU in about a second. By default it predicts what a CUDA GPU's
+  ``max_memory_allocated`` shows in the **steady state** (step 2 and later: the optimizer's state
+  exists), under **CUDA's autocast rules** (``amp_rules``), with Adam's multi-tensor (foreach)
+  implementation as on CUDA and the allocator's 512-byte rounding. ``measure_step`` runs the same
+  step on a GPU and reads the allocator.
 
-What the prediction ignores: the CUDA context (300-500 MiB, never in ``memory_allocated``),
-cuDNN/cuBLAS workspaces (convolution algorithms may ask for scratch memory), the allocator's
-rounding of each block to 512 bytes (and of small tensors into 2 MiB segments), and anything
-allocated outside PyTorch's dispatcher.
+What a prediction cannot see: the CUDA context (300-600 MiB, never in ``memory_allocated``, but
+part of the card's memory), cuDNN/cuBLAS workspaces (scratch memory the convolution algorithms
+allocate *through* the caching allocator, so it does count in ``memory_allocated`` on a GPU),
+the caching allocator's reserved-but-free blocks (``memory_reserved - memory_allocated``), and
+anything allocated outside PyTorch's dispatcher. ``gpu_report`` measures each on a GPU.
 """
 
 from __future__ import annotations
@@ -193,48 +200,117 @@ class Row:
     cuda_reserved: int | None  # torch.cuda.memory_reserved(), None on CPU
 
 
+#: the CUDA caching allocator hands out blocks in multiples of 512 bytes
+CUDA_BLOCK_ROUNDING = 512
+
+
+@contextlib.contextmanager
+def _cuda_block_rounding(enabled: bool) -> Iterator[None]:
+    """Count each fake/CPU storage as the CUDA allocator would: rounded up to 512 bytes
+    (MemTracker does this only for tensors that really are on a CUDA device)."""
+    if not enabled:
+        yield
+        return
+    from torch.distributed._tools import mem_tracker as mt
+
+    original = mt._WeakRefInfo._calculate_mem_consumed
+
+    def rounded(self) -> int:
+        mem = self.size * self.element_size
+        return -(-mem // CUDA_BLOCK_ROUNDING) * CUDA_BLOCK_ROUNDING
+
+    mt._WeakRefInfo._calculate_mem_consumed = rounded
+    try:
+        yield
+    finally:
+        mt._WeakRefInfo._calculate_mem_consumed = original
+
+
 class MemoryLog(MemTracker):
     """Seed 000's per-layer memory table, from PyTorch's ``MemTracker``.
 
     Use it like ``MemTracker``: ``track_external`` what was created before, then run one
     training step inside ``with``. ``log.rows`` has one ``Row`` per module event;
-    ``log.frame()`` is the table in MiB; ``log.plot()`` the timeline.
+    ``log.frame()`` is the table in MiB; ``log.plot()`` the timeline; ``log.after_forward`` the
+    bytes per category at the end of the model's forward pass.
 
     ``MemTracker`` is a private PyTorch API: ``tests/test_memory.py`` pins the parts used here so
     that an upgrade that changes them fails loudly.
+
+    Why the log removes hooks on exit: MemTracker's ``ModTracker`` registers a multi-grad hook on
+    each module's inputs and drops the handle; the hook's closure refers to the graph node it is
+    attached to, a reference cycle through C++ that Python's garbage collector cannot break, and
+    the node reaches the model's parameters. Without the removal, every tracked model (and its
+    gradients) stays alive after ``del model`` -- gigabytes on a GPU. (``tests/test_memory.py``
+    checks with weak references.)
     """
 
     def __init__(self, model: nn.Module | None = None, cuda: bool | None = None,
-                 module_peaks: bool = True):
+                 module_peaks: bool = True, round_like_cuda: bool | None = None):
         super().__init__()
         self.module_peaks = module_peaks
         self.rows: list[Row] = []
         self._calls: dict[int, int] = {}
         self._n_calls = 0
+        self._root: int | None = None
+        self.after_forward: dict[str, int] | None = None
         params = list(model.parameters()) if model is not None else []
         self.saved = SavedTensorMeter(params)
         self.cuda = torch.cuda.is_available() if cuda is None else cuda
+        # real CUDA tensors are rounded by MemTracker itself
+        self.round_like_cuda = bool(round_like_cuda) and not self.cuda
+        self._grad_hooks: list[Any] = []
+        self._restore: list[Callable[[], None]] = []
+        self._peak_at: tuple[str, str] = ("(nothing tracked)", "")
+        self._in_forward = False
+
+    def track_external(self, *external: Any) -> None:
+        with _cuda_block_rounding(self.round_like_cuda):
+            super().track_external(*external)
 
     def _update_peak_stats(self, peak_state) -> None:
+        before = sum(self._peak_mem.values())
         if self.module_peaks:
-            return super()._update_peak_stats(peak_state)
-        # only the global peak: MemTracker's per-module loop runs over every module on every
-        # op, and is most of its cost; the explorer needs the global figure alone
-        for dev, snap in self._curr_mem_snap.items():
-            if self._peak_mem.get(dev, 0) < snap["Total"]:
-                self._peak_mem[dev] = snap["Total"]
-                self._peak_mem_snap[dev] = dict(snap)
+            super()._update_peak_stats(peak_state)
+        else:
+            # only the global peak: MemTracker's per-module loop runs over every module on every
+            # op, and is most of its cost; the explorer needs the global figure alone
+            for dev, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < snap["Total"]:
+                    self._peak_mem[dev] = snap["Total"]
+                    self._peak_mem_snap[dev] = dict(snap)
+        if sum(self._peak_mem.values()) > before:
+            self._peak_at = (self._innermost_module(), "backward" if self._mod_tracker.is_bw
+                             else "forward" if self._in_forward else "optimizer/other")
+
+    def _innermost_module(self) -> str:
+        parents = [p for p in self._mod_tracker.parents if p != "Global"]
+        name = max(parents, key=lambda p: p.count("."), default="(no module)")
+        return name.split(".", 1)[1] if "." in name else name
+
+    @property
+    def peak_location(self) -> tuple[str, str]:
+        """(innermost module, phase) at the moment of the peak: phase is "forward",
+        "backward" (checkpoint recomputation included) or "optimizer/other"."""
+        return self._peak_at
 
     # -- MemTracker's module hooks, extended with a row each ---------------------------------
     def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
         super()._pre_fw_hook(module, inputs)
         if not self._mod_tracker.is_bw:  # not a recomputation under checkpointing
+            if self._root is None:
+                self._root = id(module)
+            if id(module) == self._root:
+                self._in_forward = True
             self._calls[id(module)] = self._n_calls
             self._n_calls += 1
         self._record(module, "pre")
 
     def _post_fw_hook(self, module: nn.Module, inputs: Any, outputs: Any) -> None:
         super()._post_fw_hook(module, inputs, outputs)
+        if id(module) == self._root and not self._mod_tracker.is_bw:
+            self.after_forward = self._snapshot_total("current")
+            self._in_forward = False
         self._record(module, "fwd")
 
     def _pre_bw_hook(self, module: nn.Module, args: Any) -> None:
@@ -263,15 +339,36 @@ class MemoryLog(MemTracker):
             cuda_reserved=torch.cuda.memory_reserved() if self.cuda else None,
         ))
 
-    # -- entering also starts the saved-tensor meter ------------------------------------------
+    # -- entering also starts the saved-tensor meter; leaving drops every hook ----------------
     def __enter__(self) -> "MemoryLog":
+        from torch.distributed._tools import mod_tracker
+
+        register = mod_tracker.register_multi_grad_hook
+
+        def recording(*args: Any, **kwargs: Any):
+            handle = register(*args, **kwargs)
+            self._grad_hooks.append(handle)
+            return handle
+
+        mod_tracker.register_multi_grad_hook = recording
+        self._restore.append(lambda: setattr(mod_tracker, "register_multi_grad_hook", register))
+        rounding = _cuda_block_rounding(self.round_like_cuda)
+        rounding.__enter__()
+        self._restore.append(lambda: rounding.__exit__(None, None, None))
         super().__enter__()
         self.saved.__enter__()
         return self
 
     def __exit__(self, *args: Any) -> None:
-        self.saved.__exit__(*args)
-        super().__exit__(*args)
+        try:
+            self.saved.__exit__(*args)
+            super().__exit__(*args)
+        finally:
+            for handle in self._grad_hooks:
+                handle.remove()
+            self._grad_hooks.clear()
+            while self._restore:
+                self._restore.pop()()
 
     # -- results ------------------------------------------------------------------------------
     def _snapshot_total(self, kind: str) -> dict[str, int]:
@@ -296,6 +393,14 @@ class MemoryLog(MemTracker):
     def peak(self) -> int:
         """Peak live tensor bytes during the tracked step (MemTracker)."""
         return self.breakdown("peak")["Total"]
+
+    def peak_event(self) -> Row | None:
+        """The first hook row at which the tracked total reached its maximum over the rows:
+        where in the step the peak is (between two hooks, to the resolution of module events)."""
+        if not self.rows:
+            return None
+        top = max(r.tracked for r in self.rows)
+        return next(r for r in self.rows if r.tracked == top)
 
     def frame(self):
         """The hook table as a pandas DataFrame, memory in MiB."""
@@ -341,17 +446,23 @@ class MemoryLog(MemTracker):
             ax.plot(ev, [mib(r.cuda_reserved) for r in self.rows], ":", label="cuda reserved")
         bw = next((r.event for r in self.rows if r.hook.startswith("bwd")), None)
         if bw is not None:
-            ax.axvline(bw, color="grey", lw=0.8)
-            ax.text(bw, ax.get_ylim()[1] * 0.95, " backward ->", va="top", fontsize=8)
-        ax.set_xlabel("hook event")
+            ax.axvspan(bw, ev[-1], color="grey", alpha=0.08, lw=0)
+            ax.text(bw, 0.97, " backward", va="top", fontsize=8, transform=ax.get_xaxis_transform())
+            ax.text(0, 0.97, " forward", va="top", fontsize=8, transform=ax.get_xaxis_transform())
+        top = self.peak_event()
+        if top is not None:
+            ax.plot([top.event], [mib(top.tracked)], "v", color="black")
+            ax.annotate(f"peak near {top.module} ({top.hook})", (top.event, mib(top.tracked)),
+                        textcoords="offset points", xytext=(4, -12), fontsize=8)
+        ax.set_xlabel("hook event (module pre/fwd, then bwd_pre/bwd)")
         ax.set_ylabel("MiB")
         ax.set_title(title or "memory over one training step")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="center right")
         return ax
 
 
 # --------------------------------------------------------------------------------------------
-# One training step under the log; the GPU-free predictor
+# One training step under the log; the GPU-free predictor; the same step measured on CUDA
 # --------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def default_dtype(dtype: torch.dtype) -> Iterator[None]:
@@ -382,47 +493,94 @@ def log_step(
     optimizer: torch.optim.Optimizer | None = None,
     autocast_dtype: torch.dtype | None = None,
     module_peaks: bool = True,
+    round_like_cuda: bool = False,
 ) -> MemoryLog:
-    """Run forward, backward and (if given) ``optimizer.step()`` under a ``MemoryLog``.
+    """Run one ``training_step`` (zero_grad, forward + loss, backward, optimizer step) under a
+    ``MemoryLog`` and return the log. Whatever exists before the step (parameters, gradients,
+    optimizer state from earlier steps, the batch) is tracked as resident."""
+    from .train import training_step
 
-    With ``autocast_dtype`` the forward runs under ``torch.autocast`` on the input's device.
-    Gradients are left in ``.grad`` (as after a real step); the log is returned.
-    """
     _check_model_and_input(model, x)
-    log = MemoryLog(model, cuda=x.device.type == "cuda", module_peaks=module_peaks)
+    log = MemoryLog(model, cuda=x.device.type == "cuda", module_peaks=module_peaks,
+                    round_like_cuda=round_like_cuda)
     extra = [optimizer] if optimizer is not None else []
     log.track_external(model, x, target, *extra)
     with log:
-        if autocast_dtype is not None:
-            with torch.autocast(x.device.type, dtype=autocast_dtype):
-                out = model(x)
-        else:
-            out = model(x)
-        loss = loss_fn(out.float() if autocast_dtype else out, target)
-        del out
-        loss.backward()
-        if optimizer is not None:
-            optimizer.step()
+        training_step(model, x, target, optimizer, loss_fn=loss_fn, autocast_dtype=autocast_dtype)
     return log
 
 
 @dataclass
 class Prediction:
-    """A predicted training step: peak live bytes and what they are made of."""
+    """A predicted (or CPU-measured) training step: peak live bytes and what they are made of."""
 
-    peak: int  # bytes, the predicted torch.cuda.max_memory_allocated() of the step
+    peak: int  # bytes: the predicted torch.cuda.max_memory_allocated() of the step
     breakdown: dict[str, int]  # bytes per category at the peak
-    saved_peak: int  # saved-for-backward bytes, at their maximum
+    saved_peak: int  # saved-for-backward bytes (saved_tensors_hooks), at their maximum
+    after_forward: dict[str, int]  # bytes per category when the model's forward returns
     parameters: int  # number of parameters
     log: MemoryLog = field(repr=False)
+    steady_state: bool = True
+    target: str = "cuda"
     method: str = "predicted (MemTracker under FakeTensorMode)"
 
     def mib(self) -> dict[str, float]:
         return {k: round(mib(v), 1) for k, v in self.breakdown.items()}
 
+    @property
+    def kept_after_forward(self) -> int:
+        """Activation bytes alive when the forward returns: everything kept for backward
+        (saved tensors, checkpoint inputs, selectively saved outputs) and the logits."""
+        return self.after_forward["Activation"]
+
     def __str__(self) -> str:
         parts = ", ".join(f"{k} {v:,.0f}" for k, v in self.mib().items() if k != "Total" and v)
         return f"peak {mib(self.peak):,.0f} MiB [{self.method}]: {parts}"
+
+
+def method_label(fake: bool, steady_state: bool, target: str, autocast: bool) -> str:
+    """How a figure was obtained, in words: the label every table prints."""
+    step = "steady-state step" if steady_state else "first step"
+    if fake:
+        rules = f", {target.upper() if target == 'cuda' else 'CPU'} autocast rules" if autocast else ""
+        where = "for a CUDA GPU" if target == "cuda" else "for the CPU"
+        return f"predicted {where} (MemTracker under FakeTensorMode; {step}{rules})"
+    rules = ", CPU autocast rules" if autocast else ""
+    return f"measured on CPU tensors (MemTracker; {step}{rules})"
+
+
+def _check_builder(build_model: Any) -> None:
+    if isinstance(build_model, nn.Module):
+        raise TypeError(
+            "predict_step takes a function that builds the model, not a model: it must build it "
+            "inside FakeTensorMode, in the requested dtype. Fix: pass e.g. "
+            "`lambda: seed000_unet('large')` instead of the model itself."
+        )
+    if not callable(build_model):
+        raise TypeError(f"build_model must be a function returning an nn.Module, got "
+                        f"{type(build_model).__name__}")
+
+
+def _check_shape(name: str, shape: Sequence[int]) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(s) for s in shape)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a sequence of whole numbers, got {shape!r}") from None
+    if any(s < 1 for s in shape):
+        raise ValueError(f"{name} {shape}: every size (batch included) must be >= 1")
+    return shape
+
+
+def prime_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Put ``optimizer`` in the state it has after a first step (Adam's two moments, SGD's
+    momentum buffers...) without a forward pass: one ``step()`` on zero gradients, then the
+    gradients are dropped, as ``zero_grad(set_to_none=True)`` does at the next step."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def predict_step(
@@ -437,77 +595,181 @@ def predict_step(
     n_classes: int | None = None,
     fake: bool = True,
     module_peaks: bool = True,
+    steady_state: bool = True,
+    target: str | None = None,
 ) -> Prediction:
-    """Predict the memory of one training step without running it.
+    """Predict the memory of one training step (``train.training_step``) without running it.
 
     The model is built by ``build_model()`` (so it can be built *inside* ``FakeTensorMode``,
-    in ``dtype``) and trained for one step on fake data of ``input_shape``. The target is class
-    indices of ``target_shape`` (default: the input's shape without the channel dim, with
-    ``n_classes`` classes -> cross-entropy) or, if ``n_classes`` is None and ``target_shape`` is
-    given, a float tensor (-> MSE). ``optimizer``: "adam", "sgd", None (no step) or a factory.
+    in ``dtype``) and trained on fake data of ``input_shape``. The target is class indices of
+    ``target_shape`` (default: the input's shape without the channel dim, with ``n_classes``
+    classes -> cross-entropy) or, if ``n_classes`` is None and ``target_shape`` is given, a float
+    tensor (-> MSE). ``optimizer``: "adam", "sgd", None (no step) or a factory.
 
-    ``module_peaks=False`` skips MemTracker's per-module peak bookkeeping (about half its cost);
-    the global peak and breakdown are unchanged.
+    * ``steady_state=True`` (default): the step of a running loop (step 2 and later), whose
+      optimizer state already exists; ``False``: the very first step, where Adam creates its
+      state only in ``optimizer.step()``, after the backward pass.
+    * ``target``: whose rules the step follows. ``"cuda"`` (default for ``fake=True``): CUDA's
+      autocast op lists (``amp_rules``), Adam's foreach implementation (the default on CUDA),
+      and the caching allocator's 512-byte blocks. ``"cpu"`` (the only choice for
+      ``fake=False``): what this CPU does.
+    * ``module_peaks=False`` skips MemTracker's per-module peak bookkeeping (about half its
+      cost); the global peak and breakdown are unchanged.
 
-    With ``fake=False`` the same step runs on real CPU tensors: the figures must then agree
-    exactly with the fake ones (a test checks this), which is what makes the prediction trustworthy.
+    With ``fake=False`` the same step runs on real CPU tensors: with ``target="cpu"`` the figures
+    agree exactly with the fake ones (a test checks this), which is what makes the prediction
+    trustworthy.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    input_shape = tuple(int(s) for s in input_shape)
+    from .amp_rules import autocast_rules
+
+    _check_builder(build_model)
+    input_shape = _check_shape("input_shape", input_shape)
     if len(input_shape) < 2:
         raise ValueError(f"input_shape needs at least (batch, channels), got {input_shape}")
+    target = target or ("cuda" if fake else "cpu")
+    if target not in ("cuda", "cpu"):
+        raise ValueError(f"target must be 'cuda' or 'cpu', got {target!r}")
+    if target == "cuda" and not fake:
+        raise ValueError("real CPU tensors follow the CPU's rules: use target='cpu' with fake=False, "
+                         "or measure_step() on a GPU")
     classify = n_classes is not None or target_shape is None
     if target_shape is None:
         target_shape = (input_shape[0], *input_shape[2:])
+    target_shape = _check_shape("target_shape", target_shape)
     if loss_fn is None:
         loss_fn = nn.functional.cross_entropy if classify else nn.functional.mse_loss
 
     mode = FakeTensorMode() if fake else contextlib.nullcontext()
-    with default_dtype(dtype):
-        with mode:
-            model = build_model()
-            _check_model_and_input(model, torch.empty(0))
-            x = torch.randn(input_shape)
-            if classify:
-                target = torch.randint(0, n_classes or 2, tuple(target_shape))
-            else:
-                target = torch.randn(tuple(target_shape))
-            opt = _make_optimizer(optimizer, model)
-            log = log_step(model, x, target, loss_fn, opt, autocast_dtype, module_peaks)
+    with default_dtype(dtype), mode, autocast_rules(target if autocast_dtype else None):
+        model = build_model()
+        _check_model_and_input(model, torch.empty(0))
+        x = torch.randn(input_shape)
+        if classify:
+            y = torch.randint(0, n_classes or 2, target_shape)
+        else:
+            y = torch.randn(target_shape)
+        opt = _make_optimizer(optimizer, model, foreach=target == "cuda")
+        if steady_state and opt is not None:
+            prime_optimizer(model, opt)
+        log = log_step(model, x, y, loss_fn, opt, autocast_dtype, module_peaks,
+                       round_like_cuda=target == "cuda")
+        n_params = sum(p.numel() for p in model.parameters())
     return Prediction(
         peak=log.peak, breakdown=log.breakdown("peak"), saved_peak=log.saved.peak,
-        parameters=sum(p.numel() for p in model.parameters()), log=log,
-        method="predicted (MemTracker under FakeTensorMode)" if fake
-        else "measured (MemTracker on real CPU tensors)",
+        after_forward=log.after_forward or {}, parameters=n_params, log=log,
+        steady_state=steady_state, target=target,
+        method=method_label(fake, steady_state, target, autocast_dtype is not None),
     )
 
 
-def _make_optimizer(spec: Any, model: nn.Module) -> torch.optim.Optimizer | None:
+def _make_optimizer(spec: Any, model: nn.Module, foreach: bool = False) -> torch.optim.Optimizer | None:
     if spec is None:
         return None
     if callable(spec):
         return spec(model.parameters())
     if spec == "adam":
-        return torch.optim.Adam(model.parameters(), lr=1e-3)
+        return torch.optim.Adam(model.parameters(), lr=1e-3, foreach=foreach)
     if spec == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+        return torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9, foreach=foreach)
     raise ValueError(f"optimizer must be 'adam', 'sgd', None or a factory, got {spec!r}")
+
+
+def measure_step(
+    build_model: Callable[[], nn.Module],
+    input_shape: Sequence[int],
+    target_shape: Sequence[int] | None = None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    loss_fn: Callable | None = None,
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | str | None = "adam",
+    autocast_dtype: torch.dtype | None = None,
+    n_classes: int | None = None,
+    steady_state: bool = True,
+    device: str | torch.device = "cuda",
+) -> "CudaPeak":
+    """``predict_step``'s twin on a real GPU: the same ``training_step`` on real CUDA tensors,
+    read from the caching allocator (``max_memory_allocated`` / ``max_memory_reserved`` of the
+    measured step; with ``steady_state`` the second step, after an unmeasured first one).
+    The model is built in ``dtype`` on the CPU and moved; the batch is created on the GPU."""
+    from .train import training_step
+
+    require_cuda("measure_step")
+    _check_builder(build_model)
+    input_shape = _check_shape("input_shape", input_shape)
+    classify = n_classes is not None or target_shape is None
+    if target_shape is None:
+        target_shape = (input_shape[0], *input_shape[2:])
+    if loss_fn is None:
+        loss_fn = nn.functional.cross_entropy if classify else nn.functional.mse_loss
+    dev = torch.device(device)
+    with default_dtype(dtype):
+        model = build_model().to(dev)
+    x = torch.randn(input_shape, device=dev, dtype=dtype)
+    y = (torch.randint(0, n_classes or 2, tuple(target_shape), device=dev) if classify
+         else torch.randn(tuple(target_shape), device=dev, dtype=dtype))
+    opt = _make_optimizer(optimizer, model, foreach=True)
+    meter = SavedTensorMeter(model.parameters())
+    marks: dict[str, int] = {}
+    pre = model.register_forward_pre_hook(lambda *a: marks.__setitem__("pre", torch.cuda.memory_allocated()))
+    post = model.register_forward_hook(lambda *a: marks.__setitem__("post", torch.cuda.memory_allocated()))
+
+    def step() -> None:
+        with meter:
+            training_step(model, x, y, opt, loss_fn=loss_fn, autocast_dtype=autocast_dtype)
+
+    try:
+        if steady_state:
+            step()
+        torch.cuda.synchronize(dev)
+        meter.peak = meter.current
+        result = cuda_peak(step, baseline=False, device=dev)
+    finally:
+        pre.remove()
+        post.remove()
+    result.saved_peak = meter.peak
+    result.kept_after_forward = marks["post"] - marks["pre"]
+    result.method = ("measured (cuda max_memory_allocated / max_memory_reserved; "
+                     + ("steady-state step)" if steady_state else "first step)"))
+    del model, opt, x, y
+    return result
 
 
 # --------------------------------------------------------------------------------------------
 # Budgets and out-of-memory
 # --------------------------------------------------------------------------------------------
-def largest_that_fits(fits: Callable[[int], bool], start: int = 1, limit: int = 1 << 20) -> int:
-    """The largest integer n >= start with ``fits(n)`` True, assuming fits is monotone
+def largest_that_fits(fits: Callable[[int], bool], start: int = 1, limit: int = 1 << 20,
+                      at_limit: str = "raise") -> int:
+    """The largest integer n in [start, limit] with ``fits(n)`` True, assuming fits is monotone
     (True up to some n, then False). Doubling, then bisection: O(log n) calls.
-    Returns ``start - 1`` if even ``start`` does not fit."""
+
+    Returns ``start - 1`` if even ``start`` does not fit. If ``limit`` itself fits, the search
+    cannot tell how much further it goes: ``at_limit="raise"`` (default) raises, ``"return"``
+    returns ``limit``."""
+    for name, v in (("start", start), ("limit", limit)):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise TypeError(f"{name} must be a whole number, got {v!r}")
+    if start < 1:
+        raise ValueError(f"start must be >= 1 (doubling from {start} never grows), got {start}")
+    if limit < start:
+        raise ValueError(f"limit ({limit}) is below start ({start}): nothing to search")
+    if at_limit not in ("raise", "return"):
+        raise ValueError(f"at_limit must be 'raise' or 'return', got {at_limit!r}")
     if not fits(start):
         return start - 1
     lo, hi = start, start * 2
     while hi <= limit and fits(hi):
         lo, hi = hi, hi * 2
-    hi = min(hi, limit + 1)
+    if hi > limit:
+        if fits(limit):
+            if at_limit == "raise":
+                raise ValueError(
+                    f"everything up to limit={limit} fits: the largest value is not known. "
+                    "Fix: raise limit, or pass at_limit='return' to accept the limit."
+                )
+            return limit
+        hi = limit
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
@@ -538,15 +800,18 @@ def explain_oom(err: BaseException) -> str:
         lines.append(f"  held by live tensors: {found['by_pytorch']} (memory_allocated)")
     if found["reserved_unallocated"]:
         lines.append(
-            f"  cached, unused:       {found['reserved_unallocated']} (reserved - allocated; "
-            "if large, fragmentation: try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)"
+            f"  cached, unused:       {found['reserved_unallocated']} (reserved - allocated). If "
+            "large, the cache is fragmented: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+            "helps, but only if set before CUDA starts (in the shell, or in os.environ before the "
+            "first CUDA call); restart the kernel after setting it"
         )
     lines.append(
         "  What to do: a smaller batch or volume, mixed precision (04), in-place activations "
         "(05, 06), checkpointing (07), or more devices (08, 09)."
     )
     if len(lines) == 2:
-        lines.insert(1, f"  message: {msg.splitlines()[0][:200]}")
+        first = msg.splitlines()[0][:200] if msg.strip() else "(no message)"
+        lines.insert(1, f"  {type(err).__name__}: {first}")
     return "\n".join(lines)
 
 
@@ -559,9 +824,27 @@ def is_oom(err: BaseException) -> bool:
     )
 
 
+def _drop_traceback(err: BaseException) -> BaseException:
+    """Clear every frame an exception (and its chain) refers to, and detach the tracebacks:
+    a stored exception must not keep the failed attempt's tensors alive."""
+    import traceback
+
+    seen = set()
+    e: BaseException | None = err
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if e.__traceback__ is not None:
+            traceback.clear_frames(e.__traceback__)
+            e.__traceback__ = None
+        e = e.__cause__ or e.__context__
+    return err
+
+
 class catch_oom:
     """``with catch_oom() as r:`` runs the block; an OOM is caught, explained and recorded in
-    ``r.error`` instead of killing the kernel; cached blocks are released afterwards."""
+    ``r.error`` instead of killing the kernel. The failed attempt leaves nothing alive: the
+    exception's frames (which hold the block's tensors) are cleared before it is stored, then
+    garbage is collected and the CUDA cache emptied."""
 
     def __init__(self, verbose: bool = True):
         self.verbose = verbose
@@ -574,8 +857,8 @@ class catch_oom:
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc is None or not is_oom(exc):
             return False
-        self.error = exc
         self.explanation = explain_oom(exc)
+        self.error = _drop_traceback(exc)
         if self.verbose:
             print(self.explanation)
         del exc, tb
@@ -598,7 +881,8 @@ def require_cuda(what: str) -> None:
     if not torch.cuda.is_available():
         raise RuntimeError(
             f"{what} needs a CUDA GPU and torch.cuda.is_available() is False. "
-            "On CPU use predict_step() / SavedTensorMeter for the device-independent figures."
+            "On CPU use predict_step() / SavedTensorMeter for the device-independent figures, "
+            "and course_utils.recorded.show() for figures recorded on a GPU."
         )
 
 
@@ -608,23 +892,48 @@ class CudaPeak:
     peak_reserved: int
     allocated_after: int
     reserved_after: int
-    method: str = "torch.cuda.max_memory_allocated / max_memory_reserved"
+    driver_used: int = 0  # total - free from cudaMemGetInfo after the step (context included)
+    saved_peak: int = 0
+    kept_after_forward: int = 0
+    method: str = "measured (cuda max_memory_allocated / max_memory_reserved)"
 
     def __str__(self) -> str:
         return (f"peak allocated {mib(self.peak_allocated):,.0f} MiB, peak reserved "
                 f"{mib(self.peak_reserved):,.0f} MiB [{self.method}]")
 
 
-def cuda_peak(fn: Callable[[], Any], baseline: bool = True) -> CudaPeak:
-    """Run ``fn()`` and return the CUDA allocator's peaks during it (stats reset first)."""
+def cuda_peak(fn: Callable[[], Any], baseline: bool = True,
+              device: str | torch.device | None = None) -> CudaPeak:
+    """Run ``fn()`` and return the CUDA allocator's peaks during it (peak stats reset first;
+    with ``baseline`` the cache is emptied first, so reserved starts from what is live)."""
     require_cuda("cuda_peak")
-    torch.cuda.synchronize()
+    torch.cuda.synchronize(device)
     if baseline:
         torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
+    torch.cuda.reset_peak_memory_stats(device)
     fn()
-    torch.cuda.synchronize()
+    torch.cuda.synchronize(device)
+    free, total = torch.cuda.mem_get_info(device)
     return CudaPeak(
-        torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved(),
-        torch.cuda.memory_allocated(), torch.cuda.memory_reserved(),
+        torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device),
+        torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device),
+        driver_used=total - free,
     )
+
+
+@contextlib.contextmanager
+def memory_cap(gib: float, device: int = 0) -> Iterator[float]:
+    """Cap the caching allocator at ``gib`` GiB (``set_per_process_memory_fraction``) inside the
+    block, as if the GPU had that much memory for tensors; the fraction is always restored.
+    Yields the fraction used (at most 1: a cap above the card's size is the card)."""
+    require_cuda("memory_cap")
+    if gib <= 0:
+        raise ValueError(f"the cap must be > 0 GiB, got {gib}")
+    total = torch.cuda.get_device_properties(device).total_memory
+    fraction = min(1.0, gib * GiB / total)
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    try:
+        yield fraction
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)

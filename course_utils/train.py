@@ -1,9 +1,17 @@
-"""A plain training step and a short loop with a progress bar, loss and Dice score."""
+"""The course's one training step, a short loop with a progress bar, and the Dice score.
+
+``training_step`` is the only training step in the course: the notebooks train with it, the
+predictor (``memory.predict_step``) runs it on fake tensors, and the CUDA measurements
+(``memory.measure_step``, the benchmark, the GPU kit) run it on the GPU. A predicted and a
+measured figure therefore describe the same sequence of operations.
+"""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator as _OneShot
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +36,45 @@ def dice_score(logits: torch.Tensor, target: torch.Tensor, n_classes: int = N_CL
     return float(sum(scores) / len(scores)) if scores else 1.0
 
 
+def training_step(
+    model: nn.Module,
+    x: torch.Tensor,
+    target: torch.Tensor,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
+    autocast_dtype: torch.dtype | None = None,
+    scaler: "torch.amp.GradScaler | None" = None,
+    after_backward: Callable[[torch.Tensor], None] | None = None,
+) -> torch.Tensor:
+    """One training step, in the order of PyTorch's AMP recipe:
+
+    1. ``optimizer.zero_grad(set_to_none=True)``: last step's gradients are freed;
+    2. forward and loss, under ``torch.autocast(x.device.type, autocast_dtype)`` if given;
+    3. backward (of ``scaler.scale(loss)`` if a ``GradScaler`` is given);
+    4. ``optimizer.step()`` (through the scaler, which then updates its scale).
+
+    The logits stay alive until the step returns (``after_backward(logits)`` may read them, e.g.
+    for a Dice score), as in any loop that names them. Returns the loss, detached.
+    """
+    if optimizer is not None:
+        optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(x.device.type, dtype=autocast_dtype or torch.float16,
+                        enabled=autocast_dtype is not None):
+        logits = model(x)
+        loss = loss_fn(logits, target)
+    (scaler.scale(loss) if scaler is not None else loss).backward()
+    if after_backward is not None:
+        after_backward(logits)
+    if optimizer is not None:
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+    return loss.detach()
+
+
 def train_step(
     model: nn.Module,
     image: torch.Tensor,
@@ -35,20 +82,38 @@ def train_step(
     optimizer: torch.optim.Optimizer,
     loss_fn=F.cross_entropy,
 ) -> tuple[float, float]:
-    """One forward + backward + optimizer step. Returns (loss, dice)."""
+    """``training_step`` in train mode; returns (loss, Dice of the step's logits)."""
     model.train()
-    optimizer.zero_grad(set_to_none=True)
-    logits = model(image)
-    loss = loss_fn(logits, label)
-    loss.backward()
-    optimizer.step()
-    return loss.item(), dice_score(logits.detach(), label)
+    dice: list[float] = []
+    loss = training_step(model, image, label, optimizer, loss_fn=loss_fn,
+                         after_backward=lambda logits: dice.append(dice_score(logits, label)))
+    return loss.item(), dice[0]
 
 
 @dataclass
 class History:
     loss: list[float] = field(default_factory=list)
     dice: list[float] = field(default_factory=list)
+
+
+def _cycle(batches: Iterable) -> Iterator:
+    """The batches again and again; a one-shot iterator (a generator) is read lazily, once."""
+    if isinstance(batches, _OneShot):  # a generator or iterator: never call list() on it
+        seen = []
+        for b in batches:
+            seen.append(b)
+            yield b
+        if not seen:
+            raise ValueError("batches is empty: give a DataLoader or a list of (image, label) pairs")
+        yield from itertools.cycle(seen)
+        return
+    while True:
+        n = 0
+        for b in batches:
+            n += 1
+            yield b
+        if n == 0:
+            raise ValueError("batches is empty: give a DataLoader or a list of (image, label) pairs")
 
 
 def train(
@@ -59,18 +124,22 @@ def train(
     lr: float = 3e-3,
     progress: bool = True,
 ) -> History:
-    """Train for ``steps`` steps, cycling over ``batches`` (e.g. a DataLoader); Adam, fixed lr."""
+    """Train for ``steps`` steps, cycling over ``batches`` (a DataLoader, a list, or a generator,
+    read lazily); Adam, fixed lr."""
     from tqdm.auto import tqdm
 
+    from .config import resolve_device
+
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a whole number >= 1, got {steps!r}")
+    device = resolve_device(device)  # a clear error if CUDA is asked for and absent
     model.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     hist = History()
-    data = list(batches)
-    if not data:
-        raise ValueError("batches is empty: give a DataLoader or a list of (image, label) pairs")
+    data = _cycle(batches)
     bar = tqdm(range(steps), desc="training", disable=not progress)
-    for step in bar:
-        image, label = data[step % len(data)]
+    for _ in bar:
+        image, label = next(data)
         loss, dice = train_step(model, image.to(device), label.to(device), opt)
         hist.loss.append(loss)
         hist.dice.append(dice)

@@ -91,12 +91,82 @@ def test_prediction_equals_cpu_measurement_exactly(dtype):
         torch.manual_seed(0)
         return UNet3D(levels=3, channels=4)
 
-    fake = predict_step(build, (2, 1, 8, 16, 12), n_classes=5, dtype=dtype)
-    real = predict_step(build, (2, 1, 8, 16, 12), n_classes=5, dtype=dtype, fake=False)
-    assert fake.peak == real.peak
-    assert fake.breakdown == real.breakdown
-    assert fake.saved_peak == real.saved_peak
-    assert "predicted" in fake.method and "measured" in real.method
+    for steady in (True, False):
+        kw = dict(n_classes=5, dtype=dtype, steady_state=steady)
+        fake = predict_step(build, (2, 1, 8, 16, 12), target="cpu", **kw)
+        real = predict_step(build, (2, 1, 8, 16, 12), fake=False, **kw)
+        assert fake.peak == real.peak
+        assert fake.breakdown == real.breakdown
+        assert fake.after_forward == real.after_forward
+        assert fake.saved_peak == real.saved_peak
+        assert "predicted" in fake.method and "measured" in real.method
+
+
+def test_cuda_target_rounds_every_block_to_512_bytes():
+    build = lambda: UNet3D(levels=3, channels=4)
+    cpu = predict_step(build, (2, 1, 8, 8, 8), n_classes=5, target="cpu")
+    cuda = predict_step(build, (2, 1, 8, 8, 8), n_classes=5)
+    n_tensors = len(list(build().parameters()))
+    # every parameter is its own block: rounded up to a multiple of 512 bytes
+    assert cuda.breakdown["Parameter"] % 512 == 0
+    assert cpu.breakdown["Parameter"] < cuda.breakdown["Parameter"] <= cpu.breakdown["Parameter"] + 512 * n_tensors
+
+
+# -- steady state: what a real loop's step 2+ holds ------------------------------------------
+@pytest.mark.parametrize("optimizer, states", [("adam", 2), ("sgd", 1)])
+def test_steady_state_carries_the_optimizer_state(optimizer, states):
+    build = lambda: UNet3D(levels=3, channels=4)
+    kw = dict(n_classes=5, target="cpu", optimizer=optimizer)
+    first = predict_step(build, (2, 1, 8, 16, 16), steady_state=False, **kw)
+    steady = predict_step(build, (2, 1, 8, 16, 16), **kw)
+    param_bytes = steady.breakdown["Parameter"]
+    # Adam keeps two moments per parameter (plus a scalar step count each), SGD one momentum
+    assert states * param_bytes <= steady.breakdown["Optstate"] <= states * param_bytes + 8 * 64
+    assert first.breakdown["Optstate"] == 0  # created in opt.step(), after the backward peak
+    assert steady.peak >= first.peak + states * param_bytes
+
+
+def test_steady_state_equals_a_real_second_step():
+    """prime_optimizer's shortcut (one step on zero gradients) leaves the same state as a real
+    first step: the tracked second step of a real two-step loop has the same figures."""
+    from course_utils.memory import MemoryLog
+    from course_utils.train import training_step
+
+    torch.manual_seed(0)
+    net = UNet3D(levels=3, channels=4)
+    x, y = torch.randn(2, 1, 8, 8, 8), torch.randint(0, 5, (2, 8, 8, 8))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3, foreach=False)
+    training_step(net, x, y, opt)  # a real first step
+    log = MemoryLog(net, cuda=False)
+    log.track_external(net, x, y, opt)
+    with log:
+        training_step(net, x, y, opt)
+    pred = predict_step(lambda: UNet3D(levels=3, channels=4), (2, 1, 8, 8, 8), n_classes=5,
+                        target="cpu")
+    assert pred.breakdown == log.breakdown("peak")
+
+
+def test_a_log_does_not_keep_the_model_alive():
+    """MemTracker's module tracker leaves multi-grad hooks whose closures form a reference
+    cycle through C++ graph nodes; MemoryLog removes them (old code: 40 of 42 params survived)."""
+    import weakref
+
+    net = UNet3D(levels=3, channels=4)
+    x, y = torch.randn(2, 1, 8, 8, 8), torch.randint(0, 5, (2, 8, 8, 8))
+    log = log_step(net, x, y, optimizer=torch.optim.Adam(net.parameters()))
+    params = [weakref.ref(p) for p in net.parameters()]
+    grads = [weakref.ref(p.grad) for p in net.parameters()]
+    del net
+    gc.collect()
+    assert sum(r() is not None for r in params) == 0
+    assert sum(r() is not None for r in grads) == 0
+    assert log.peak > 0 and log.rows  # the figures stay
+
+
+def test_peak_location_is_reported():
+    pred = predict_step(lambda: UNet3D(levels=3, channels=4), (2, 1, 8, 8, 8), n_classes=5)
+    module, phase = pred.log.peak_location
+    assert phase in ("forward", "backward", "optimizer/other") and module
 
 
 def test_global_peak_without_module_peaks_is_the_same():
@@ -126,6 +196,14 @@ def test_limit_net_prediction_scales_with_n_cubed():
 
 
 def test_bad_inputs():
+    with pytest.raises(TypeError, match="function that builds the model, not a model"):
+        predict_step(UNet3D(3, 4), (1, 1, 8, 8, 8), n_classes=5)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        predict_step(lambda: UNet3D(3, 4), (-2, 1, 8, 8, 8), n_classes=5)
+    with pytest.raises(ValueError, match="target must be"):
+        predict_step(lambda: UNet3D(3, 4), (2, 1, 8, 8, 8), n_classes=5, target="tpu")
+    with pytest.raises(ValueError, match="real CPU tensors follow the CPU's rules"):
+        predict_step(lambda: UNet3D(3, 4), (2, 1, 8, 8, 8), n_classes=5, fake=False, target="cuda")
     with pytest.raises(TypeError, match="expected an nn.Module"):
         log_step("not a model", torch.zeros(1), torch.zeros(1))
     with pytest.raises(TypeError, match="torch.Tensor"):
@@ -155,6 +233,19 @@ def test_largest_that_fits(limit):
     assert largest_that_fits(lambda n: calls.append(n) or n <= limit) == limit
     assert len(calls) < 30
     assert largest_that_fits(lambda n: False) == 0
+    assert largest_that_fits(lambda n: n <= limit, start=1, limit=5000) == limit
+
+
+def test_largest_that_fits_refuses_what_it_cannot_answer():
+    with pytest.raises(ValueError, match="start must be >= 1"):
+        largest_that_fits(lambda n: n <= 10, start=0)  # doubling from 0: used to loop forever
+    with pytest.raises(ValueError, match="start must be >= 1"):
+        largest_that_fits(lambda n: n <= 10, start=-4)
+    with pytest.raises(ValueError, match="below start"):
+        largest_that_fits(lambda n: True, start=20, limit=10)
+    with pytest.raises(ValueError, match="everything up to limit=64 fits"):
+        largest_that_fits(lambda n: True, limit=64)
+    assert largest_that_fits(lambda n: True, limit=64, at_limit="return") == 64
 
 
 OOM_MESSAGE = (
@@ -168,6 +259,30 @@ def test_explain_oom_pulls_out_the_figures():
     text = explain_oom(torch.OutOfMemoryError(OOM_MESSAGE))
     for part in ("2.50 GiB", "1.06 GiB of 79.19 GiB", "74.50 GiB", "3.10 GiB", "expandable"):
         assert part in text
+
+
+def test_explain_oom_with_an_empty_message():
+    text = explain_oom(torch.OutOfMemoryError())  # used to raise IndexError
+    assert "OutOfMemoryError" in text and "What to do" in text
+    assert "before CUDA starts" in explain_oom(torch.OutOfMemoryError(OOM_MESSAGE))
+
+
+def test_catch_oom_leaves_nothing_alive():
+    """The stored error must not keep the failed attempt's tensors alive through its traceback
+    (old code: they survived until a later gc.collect(), beside the next attempt)."""
+    import weakref
+
+    alive = []
+
+    def attempt():
+        big = torch.empty(1000, 1000)
+        alive.append(weakref.ref(big))
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+
+    with catch_oom(verbose=False) as r:
+        attempt()
+    assert not r.ok and alive[0]() is None
+    assert r.error.__traceback__ is None
 
 
 def test_catch_oom_catches_and_explains(capsys):

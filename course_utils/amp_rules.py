@@ -1,0 +1,271 @@
+"""CUDA's autocast rules, applied on a CPU: predict a GPU's mixed-precision memory without a GPU.
+
+``torch.autocast`` decides op by op which dtype to run in, and the lists differ by device. On
+the CPU, ``max_pool3d``, ``cat`` and ``cross_entropy_loss`` are on autocast's float32 list; on
+CUDA they are not (they run in the dtype of their inputs). A prediction made on a CPU with CPU
+autocast would therefore describe a CPU, not the GPU the learner trains on.
+
+How this module makes CPU autocast follow CUDA's rules, using the dispatcher itself:
+
+* ``torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCUDA")`` lists the ops that
+  have a CUDA autocast kernel *in the installed torch*; every other op falls through, i.e. runs
+  in its inputs' dtype. (A documentation page can lag the code; the dispatcher cannot.)
+* Which cast a registered op gets (lower precision, float32, float32 via a ``dtype=`` argument,
+  promote to the widest input) is not visible from Python; it comes from the lists in
+  ``aten/src/ATen/autocast_mode.h`` (``AT_FORALL_LOWER_PRECISION_FP``, ``AT_FORALL_FP32``,
+  ``AT_FORALL_FP32_SET_OPT_DTYPE``, ``AT_FORALL_PROMOTE``, ...), copied below. An op the
+  installed torch registers for CUDA but that these lists do not know is reported by
+  ``unknown_cuda_ops()`` (a test keeps that set empty, so a torch upgrade that adds one fails
+  loudly instead of silently predicting wrong dtypes).
+* ``cuda_autocast_rules()`` registers, for as long as it is active, Python kernels on the
+  ``AutocastCPU`` dispatch key (``torch.library``) that implement exactly the CUDA policy, and
+  a fall-through for ops that only the CPU casts. The real ``torch.autocast("cpu", dtype)`` then
+  behaves as ``torch.autocast("cuda", dtype)`` would: casts happen above autograd, so the graph
+  saves the same dtypes, and checkpoint recomputation (which re-enters autocast) follows the
+  same rules. On exit the registrations are removed and CPU autocast is itself again.
+
+As on CUDA, fp32 leaf tensors that require grad (the weights) are cast once per autocast region
+and the copies cached until the outermost ``torch.autocast`` exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+import weakref
+from typing import Any, Iterator
+
+import torch
+
+#: ``AT_FORALL_LOWER_PRECISION_FP`` (+ cuDNN's convolutions, registered separately for CUDA):
+#: inputs cast to the autocast dtype (float16 or bfloat16).
+LOWER_PRECISION = frozenset({
+    "_convolution.deprecated", "_convolution", "conv1d", "conv2d", "conv3d", "conv_tbc",
+    "conv_transpose1d", "conv_transpose2d.input", "conv_transpose3d.input", "convolution",
+    "prelu", "addmm", "addmv", "addr", "matmul", "einsum", "mm", "mv", "linalg_vecdot", "linear",
+    "addbmm", "baddbmm", "bmm", "chain_matmul", "linalg_multi_dot", "_thnn_fused_lstm_cell",
+    "_thnn_fused_gru_cell", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
+    "_scaled_dot_product_flash_attention", "scaled_dot_product_attention",
+    "cudnn_convolution", "cudnn_convolution_transpose",
+})
+#: ``AT_FORALL_FP32`` (+ ``rms_norm``): inputs cast to float32.
+FP32 = frozenset({
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p",
+    "reciprocal", "rsqrt", "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar",
+    "softplus", "layer_norm", "native_layer_norm", "group_norm", "frobenius_norm.dim",
+    "nuclear_norm", "nuclear_norm.dim", "cosine_similarity", "poisson_nll_loss",
+    "cosine_embedding_loss", "nll_loss", "nll_loss2d", "hinge_embedding_loss", "kl_div",
+    "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss", "margin_ranking_loss",
+    "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss",
+    "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp",
+    "upsample_nearest1d", "_upsample_nearest_exact1d", "upsample_nearest2d",
+    "_upsample_nearest_exact2d", "upsample_nearest3d", "_upsample_nearest_exact3d",
+    "upsample_linear1d", "upsample_bilinear2d", "_upsample_bilinear2d_aa",
+    "upsample_trilinear3d", "upsample_bicubic2d", "_upsample_bicubic2d_aa", "rms_norm",
+})
+#: ``AT_FORALL_FP32_SET_OPT_DTYPE``: run with ``dtype=torch.float32`` unless a dtype was given
+#: (the output is float32; the input is not copied to float32 first).
+FP32_SET_OPT_DTYPE = frozenset({
+    "prod", "prod.dim_int", "prod.dim_Dimname", "softmax.int", "softmax.Dimname",
+    "log_softmax.int", "log_softmax.Dimname", "cumprod", "cumprod.dimname", "cumsum",
+    "cumsum.dimname", "linalg_vector_norm", "linalg_matrix_norm", "linalg_matrix_norm.str_ord",
+    "sum", "sum.dim_IntList", "sum.dim_DimnameList",
+})
+#: ``AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE``: ``norm`` redispatched with ``dtype=float32``.
+FP32_APPEND_DTYPE = frozenset({"norm.Scalar", "norm.ScalarOpt_dim", "norm.names_ScalarOpt_dim"})
+#: ``AT_FORALL_PROMOTE`` (+ ``grid_sampler``): inputs cast to the widest floating input type.
+PROMOTE = frozenset({
+    "addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler",
+    "index_put", "tensordot", "scatter_add",
+})
+#: refused under CUDA autocast (unsafe in fp16): ``binary_cross_entropy``.
+BANNED = frozenset({"binary_cross_entropy"})
+
+POLICIES = {
+    "lower_precision_fp": LOWER_PRECISION, "fp32": FP32, "fp32_set_opt_dtype": FP32_SET_OPT_DTYPE,
+    "fp32_append_dtype": FP32_APPEND_DTYPE, "promote": PROMOTE, "banned": BANNED,
+}
+SOURCE = ("CUDA autocast lists of PyTorch's aten/src/ATen/autocast_mode.h, restricted to the ops "
+          "the installed torch registers for the AutocastCUDA dispatch key")
+
+
+def _strip(name: str) -> str:
+    return name[len("aten::"):] if name.startswith("aten::") else name
+
+
+def registered(key: str) -> frozenset[str]:
+    """Ops (``name`` or ``name.overload``) with a kernel for dispatch key ``key`` in this torch,
+    e.g. ``registered("AutocastCUDA")``."""
+    return frozenset(_strip(n) for n in torch._C._dispatch_get_registrations_for_dispatch_key(key))
+
+
+def cuda_policy(op: str) -> str | None:
+    """The CUDA autocast policy of ``op`` (``"conv3d"``, ``"sum.dim_IntList"``, ...) in the
+    installed torch, or None when CUDA autocast leaves it alone (it runs in its inputs' dtype)."""
+    op = _strip(op)
+    if op not in registered("AutocastCUDA"):
+        return None
+    for policy, ops in POLICIES.items():
+        if op in ops:
+            return policy
+    return "unknown"
+
+
+def unknown_cuda_ops() -> frozenset[str]:
+    """Ops this torch registers for CUDA autocast whose policy the lists above do not give."""
+    known = frozenset().union(*POLICIES.values())
+    return frozenset(op for op in registered("AutocastCUDA") if op not in known)
+
+
+def cpu_only_ops() -> frozenset[str]:
+    """Ops CPU autocast casts and CUDA autocast leaves alone (max_pool3d, cat, ...)."""
+    return registered("AutocastCPU") - registered("AutocastCUDA")
+
+
+# --------------------------------------------------------------------------------------------
+# The Python kernels
+# --------------------------------------------------------------------------------------------
+_AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+_cache: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+
+
+def _eligible(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+
+
+def _cast(t: Any, dtype: torch.dtype) -> Any:
+    """Like ATen's ``cached_cast``: cast an eligible tensor; cache casts of fp32 leaf weights."""
+    if isinstance(t, (list, tuple)):
+        return type(t)(_cast(v, dtype) for v in t)
+    if not _eligible(t) or t.dtype == dtype:
+        return t
+    cacheable = (dtype == torch.get_autocast_dtype("cpu") and t.dtype == torch.float32
+                 and t.requires_grad and t.is_leaf and not t._is_view()
+                 and torch.is_autocast_cache_enabled())
+    if cacheable:
+        hit = _cache.get(id(t))
+        if hit is not None and hit[0]() is t:
+            return hit[1]
+    out = t.to(dtype)
+    if cacheable:
+        _cache[id(t)] = (weakref.ref(t), out)
+    return out
+
+
+def _widest(args: tuple, kwargs: dict) -> torch.dtype | None:
+    widest = None
+    for a in [*args, *kwargs.values()]:
+        for t in a if isinstance(a, (list, tuple)) else (a,):
+            if _eligible(t):
+                widest = t.dtype if widest is None else torch.promote_types(widest, t.dtype)
+    return widest
+
+
+def _first_tensor(args: tuple) -> Any:
+    for a in args:
+        for t in a if isinstance(a, (list, tuple)) else (a,):
+            if isinstance(t, torch.Tensor):
+                return t
+    return None
+
+
+def _kernel(op: torch._ops.OpOverload, policy: str):
+    schema_args = [a.name for a in op._schema.arguments]
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
+            if policy == "lower_precision_fp":
+                dt = torch.get_autocast_dtype("cpu")
+                return op(*_cast(args, dt), **{k: _cast(v, dt) for k, v in kwargs.items()})
+            if policy == "fp32":
+                return op(*_cast(args, torch.float32),
+                          **{k: _cast(v, torch.float32) for k, v in kwargs.items()})
+            if policy == "promote":
+                dt = _widest(args, kwargs)
+                if dt is None:
+                    return op(*args, **kwargs)
+                return op(*_cast(args, dt), **{k: _cast(v, dt) for k, v in kwargs.items()})
+            if policy == "fp32_set_opt_dtype":
+                i = schema_args.index("dtype")
+                given = kwargs.get("dtype", args[i] if i < len(args) else None)
+                if given is None and _eligible(_first_tensor(args)):
+                    if i < len(args):
+                        args = (*args[:i], torch.float32, *args[i + 1:])
+                    else:
+                        kwargs = dict(kwargs, dtype=torch.float32)
+                return op(*args, **kwargs)
+            if policy == "fp32_append_dtype":
+                target = {"Scalar": torch.ops.aten.norm.ScalarOpt_dtype,
+                          "ScalarOpt_dim": torch.ops.aten.norm.ScalarOpt_dim_dtype,
+                          "names_ScalarOpt_dim": torch.ops.aten.norm.names_ScalarOpt_dim_dtype}
+                redo = target[op._overloadname]
+                if not _eligible(args[0]):
+                    return op(*args, **kwargs)
+                if op._overloadname == "Scalar":
+                    return redo(args[0], args[1] if len(args) > 1 else 2, dtype=torch.float32)
+                return redo(*args, dtype=torch.float32, **kwargs)
+            if policy == "banned":
+                raise RuntimeError(
+                    f"torch.nn.functional.{op._opname} is unsafe to autocast (CUDA refuses it). "
+                    "Fix: use binary_cross_entropy_with_logits (BCEWithLogitsLoss)."
+                )
+            raise AssertionError(policy)
+
+    return run
+
+
+def _overload(name: str) -> torch._ops.OpOverload:
+    base, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.aten, base), overload or "default")
+
+
+_clear_autocast_cache = torch.clear_autocast_cache
+
+
+def _clear_both() -> None:
+    _cache.clear()
+    _clear_autocast_cache()
+
+
+@contextlib.contextmanager
+def cuda_autocast_rules() -> Iterator[dict[str, str]]:
+    """While active, ``torch.autocast("cpu", dtype)`` applies CUDA's autocast rules (see the
+    module docstring). Yields the policy of every op it changed. Not reentrant."""
+    unknown = unknown_cuda_ops()
+    if unknown:
+        raise RuntimeError(
+            f"torch {torch.__version__} registers CUDA autocast kernels for {sorted(unknown)} whose "
+            "policy course_utils.amp_rules does not know: add them to the lists in amp_rules.py "
+            "from aten/src/ATen/autocast_mode.h of this torch version."
+        )
+    cuda, cpu = registered("AutocastCUDA"), registered("AutocastCPU")
+    lib = torch.library.Library("aten", "IMPL")
+    changed: dict[str, str] = {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
+            for name in sorted(cuda | cpu):
+                if name in cuda:
+                    policy = cuda_policy(name)
+                    lib.impl(name, _kernel(_overload(name), policy), "AutocastCPU")
+                else:
+                    policy = "fallthrough"
+                    lib.impl(name, torch.library.fallthrough_kernel, "AutocastCPU")
+                changed[name] = policy
+        # torch.autocast.__exit__ clears the weight-cast cache through torch.clear_autocast_cache
+        torch.clear_autocast_cache = _clear_both
+        yield changed
+    finally:
+        torch.clear_autocast_cache = _clear_autocast_cache
+        _cache.clear()
+        lib._destroy()
+
+
+def autocast_rules(device: str | None) -> contextlib.AbstractContextManager:
+    """The context that makes CPU autocast follow ``device``'s rules: CUDA's for ``"cuda"``,
+    the CPU's own for ``"cpu"`` or None."""
+    if device is None or device == "cpu":
+        return contextlib.nullcontext({})
+    if device == "cuda":
+        return cuda_autocast_rules()
+    raise ValueError(f"autocast rules for {device!r}: use 'cuda' or 'cpu'")

@@ -1,0 +1,133 @@
+"""amp_rules: CUDA's autocast rules applied on a CPU, op by op, checked against the dispatcher
+and (on a GPU) against real CUDA autocast."""
+
+import contextlib
+
+import pytest
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from course_utils import UNet3D, predict_step
+from course_utils.amp_rules import (
+    cpu_only_ops, cuda_autocast_rules, cuda_policy, registered, unknown_cuda_ops,
+)
+
+H = torch.float16
+
+
+def _ops():
+    """Every op the course's nets use, with its inputs: name -> callable returning the output."""
+    torch.manual_seed(0)
+    x16 = torch.randn(2, 4, 4, 4, 4, dtype=H)
+    x32 = torch.randn(2, 4, 4, 4, 4)
+    conv = nn.Conv3d(4, 4, 3, padding=1)
+    bn = nn.BatchNorm3d(4)
+    lin = nn.Linear(4, 3)
+    t = torch.randint(0, 4, (2, 4, 4, 4))
+    return {
+        "conv3d (fp32 in)": lambda: conv(x32),
+        "batch_norm (fp16 in)": lambda: bn(x16),
+        "relu": lambda: torch.relu(x16),
+        "leaky_relu": lambda: F.leaky_relu(x16, 0.01),
+        "max_pool3d (fp16 in)": lambda: F.max_pool3d(x16, 2),
+        "upsample trilinear (fp16 in)": lambda: F.interpolate(x16, scale_factor=2, mode="trilinear",
+                                                              align_corners=True),
+        "pad": lambda: F.pad(x16, [0, 1, 0, 1, 0, 1]),
+        "cat fp16 + fp16": lambda: torch.cat([x16, x16], 1),
+        "cat fp16 + fp32": lambda: torch.cat([x16, x32], 1),
+        "cross_entropy (fp16 logits)": lambda: F.cross_entropy(x16, t),
+        "log_softmax (fp16 in)": lambda: torch.log_softmax(x16, 1),
+        "sum (fp16 in)": lambda: x16.sum(),
+        "mse_loss (fp16 in)": lambda: F.mse_loss(x16, x16),
+        "linear": lambda: lin(x32[..., 0, 0]),
+        "add fp16 + fp32": lambda: x16 + x32,
+    }
+
+
+#: CUDA autocast (float16) in torch 2.13, from aten/src/ATen/autocast_mode.h and the dispatcher
+CUDA_EXPECTED = {
+    "conv3d (fp32 in)": H, "batch_norm (fp16 in)": H, "relu": H, "leaky_relu": H,
+    "max_pool3d (fp16 in)": H, "upsample trilinear (fp16 in)": torch.float32, "pad": H,
+    "cat fp16 + fp16": H, "cat fp16 + fp32": torch.float32,
+    "cross_entropy (fp16 logits)": torch.float32, "log_softmax (fp16 in)": torch.float32,
+    "sum (fp16 in)": torch.float32, "mse_loss (fp16 in)": torch.float32, "linear": H,
+    "add fp16 + fp32": torch.float32,
+}
+#: where CPU autocast differs (what a prediction made with the CPU's rules gets wrong)
+CPU_DIFFERS = {"max_pool3d (fp16 in)": torch.float32,
+               "upsample trilinear (fp16 in)": H, "sum (fp16 in)": H}
+
+
+def _dtypes(rules):
+    with rules:
+        with torch.autocast("cpu", dtype=H):
+            return {name: fn().dtype for name, fn in _ops().items()}
+
+
+def test_the_dispatcher_says_which_ops_cuda_autocast_touches():
+    assert unknown_cuda_ops() == frozenset()  # every registered op has a known policy
+    assert cuda_policy("conv3d") == "lower_precision_fp"
+    assert cuda_policy("upsample_trilinear3d") == "fp32"
+    assert cuda_policy("log_softmax.int") == "fp32_set_opt_dtype"
+    for op in ("max_pool3d", "cat", "batch_norm", "relu", "cross_entropy_loss"):
+        assert cuda_policy(op) is None, op  # not on any CUDA list: runs in its inputs' dtype
+    assert {"max_pool3d", "cat", "cross_entropy_loss"} <= cpu_only_ops()
+    assert "upsample_trilinear3d" in registered("AutocastCUDA") - registered("AutocastCPU")
+
+
+@pytest.mark.parametrize("name", list(CUDA_EXPECTED))
+def test_each_op_follows_cuda_rules(name):
+    assert _dtypes(cuda_autocast_rules())[name] == CUDA_EXPECTED[name]
+
+
+def test_cpu_rules_differ_and_are_restored_after():
+    cpu = _dtypes(contextlib.nullcontext())
+    for name, dt in CPU_DIFFERS.items():
+        assert cpu[name] == dt != CUDA_EXPECTED[name], name
+    _dtypes(cuda_autocast_rules())
+    assert _dtypes(contextlib.nullcontext()) == cpu  # the overrides are gone
+
+
+def test_weights_are_cast_once_per_region_and_gradients_stay_fp32():
+    lin = nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    with cuda_autocast_rules(), torch.autocast("cpu", dtype=H):
+        a, b = lin(x), lin(x)
+        wa = a.grad_fn.next_functions  # the cached fp16 weight is one node, used twice
+    (a.float().sum() + b.float().sum()).backward()
+    assert lin.weight.grad.dtype == torch.float32
+    assert a.dtype == H and wa
+
+
+def test_checkpoint_recomputation_follows_the_same_rules():
+    # checkpoint re-enters autocast for the recomputation: under different rules the recomputed
+    # tensors would have other dtypes and checkpoint would raise
+    net = UNet3D(levels=3, channels=4, checkpoint_levels=True)
+    x, y = torch.randn(2, 1, 8, 8, 8), torch.randint(0, 5, (2, 8, 8, 8))
+    with cuda_autocast_rules():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(net(x), y)
+        loss.backward()
+    assert all(p.grad is not None for p in net.parameters())
+
+
+def test_predictions_name_their_rules():
+    kw = dict(n_classes=5, autocast_dtype=H, optimizer=None)
+    cuda = predict_step(lambda: UNet3D(levels=3, channels=4), (2, 1, 8, 8, 8), **kw)
+    cpu = predict_step(lambda: UNet3D(levels=3, channels=4), (2, 1, 8, 8, 8), target="cpu", **kw)
+    assert "CUDA autocast rules" in cuda.method and "CPU autocast rules" in cpu.method
+    # CUDA's max-pool stays in fp16: less kept after forward than under the CPU's rules
+    assert cuda.kept_after_forward < cpu.kept_after_forward
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CUDA_EXPECTED))
+def test_emulation_matches_real_cuda_autocast(name):
+    """On a GPU: the same op under real CUDA autocast gives the dtype the emulation gives."""
+    emulated = _dtypes(cuda_autocast_rules())[name]
+    with torch.device("cuda"):
+        ops = _ops()
+    with torch.autocast("cuda", dtype=H):
+        real = ops[name]().dtype
+    assert real == emulated
