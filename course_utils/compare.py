@@ -1,13 +1,20 @@
-"""Baseline vs technique: one table, the same step measured or predicted for each variant."""
+"""Baseline vs technique: one table, the same training step measured or predicted for each
+variant, and the step's time."""
 
 from __future__ import annotations
 
+import statistics
+import time
 from typing import Callable
 
 import torch
 from torch import nn
 
-from .memory import cuda_peak, default_dtype, mib, predict_step
+from .memory import measure_step, mib, predict_step
+
+COLUMNS = ["variant", "peak MiB", "peak vs baseline %", "kept after forward MiB",
+           "kept vs baseline %", "saved MiB", "saved vs baseline %", "activations at peak MiB",
+           "params MiB", "optimizer MiB", "peak in", "method"]
 
 
 def technique_table(
@@ -20,98 +27,101 @@ def technique_table(
     device: str | torch.device = "cpu",
     autocast: dict[str, torch.dtype | None] | None = None,
     dtypes: dict[str, torch.dtype] | None = None,
+    steady_state: bool = True,
+    target: str | None = None,
 ):
-    """One training step (forward, backward, Adam) per variant; the first is the baseline.
+    """One training step (``train.training_step``: forward, backward, Adam) per variant; the
+    first is the baseline. Memory in MiB; every row names its method.
 
-    * ``device='cuda'``: measured with the CUDA allocator (``max_memory_allocated``); the
-      saved-for-backward column is measured too.
-    * otherwise the MemTracker log: predicted under ``FakeTensorMode`` (``fake=True``) or
-      measured on real CPU tensors (``fake=False``).
+    * ``device='cuda'``: measured with the CUDA allocator (``measure_step``:
+      ``max_memory_allocated`` of the steady-state step; saved bytes through the hooks).
+    * otherwise the MemTracker log: predicted under ``FakeTensorMode`` (``fake=True``; for a CUDA
+      GPU unless ``target='cpu'``) or measured on real CPU tensors (``fake=False``).
+
+    Columns: ``peak``; ``kept after forward`` (activation bytes alive when the forward returns:
+    everything kept for backward, checkpoint inputs and selectively saved outputs included, and
+    the logits); ``saved`` (saved-for-backward bytes seen by ``saved_tensors_hooks``: outside
+    checkpointed blocks only); ``activations at peak``; ``params``; ``optimizer`` state;
+    ``peak in`` (module and phase of the peak, predictions only).
 
     ``autocast`` maps a variant's name to the dtype its forward runs under ``torch.autocast``;
     ``dtypes`` maps a name to the dtype its model and input are built in (default ``dtype``).
-    Returns a pandas DataFrame, memory in MiB.
     """
     import pandas as pd
 
     autocast, dtypes = autocast or {}, dtypes or {}
+    unknown = (set(autocast) | set(dtypes)) - set(builds)
+    if unknown:
+        raise ValueError(f"autocast/dtypes name variants that are not in builds: {sorted(unknown)}")
     rows = []
     for name, build in builds.items():
         ac, dt = autocast.get(name), dtypes.get(name, dtype)
         if torch.device(device).type == "cuda":
-            rows.append(_cuda_row(name, build, input_shape, n_classes, dt, ac, device))
+            m = measure_step(build, input_shape, n_classes=n_classes, dtype=dt, autocast_dtype=ac,
+                             steady_state=steady_state, device=device)
+            params = sum(p.numel() * p.element_size() for p in _params_of(build, dt))
+            rows.append({"variant": name, "peak MiB": mib(m.peak_allocated),
+                         "kept after forward MiB": mib(m.kept_after_forward),
+                         "saved MiB": mib(m.saved_peak), "activations at peak MiB": None,
+                         "params MiB": mib(params), "optimizer MiB": 2 * mib(params),
+                         "peak in": "", "method": m.method})
             continue
         p = predict_step(build, input_shape, n_classes=n_classes, dtype=dt, fake=fake,
-                         autocast_dtype=ac)
-        rows.append({"variant": name, "peak MiB": mib(p.peak), "saved MiB": mib(p.saved_peak),
-                     "params MiB": mib(p.breakdown["Parameter"]),
+                         autocast_dtype=ac, steady_state=steady_state, target=target)
+        module, phase = p.log.peak_location
+        rows.append({"variant": name, "peak MiB": mib(p.peak),
+                     "kept after forward MiB": mib(p.kept_after_forward),
+                     "saved MiB": mib(p.saved_peak),
                      "activations at peak MiB": mib(p.breakdown["Activation"]),
-                     "method": p.method})
+                     "params MiB": mib(p.breakdown["Parameter"]),
+                     "optimizer MiB": mib(p.breakdown["Optstate"]),
+                     "peak in": f"{module} ({phase})", "method": p.method})
     df = pd.DataFrame(rows)
-    base = df["peak MiB"].iloc[0]
-    df["peak vs baseline %"] = (100 * (df["peak MiB"] - base) / base).round(1)
-    base_saved = df["saved MiB"].iloc[0]
-    df["saved vs baseline %"] = (100 * (df["saved MiB"] - base_saved) / base_saved).round(1)
-    for c in ("peak MiB", "saved MiB", "activations at peak MiB"):
-        df[c] = df[c].round(1)
-    df["params MiB"] = df["params MiB"].round(1)
-    return df[["variant", "peak MiB", "peak vs baseline %", "saved MiB", "saved vs baseline %",
-               "activations at peak MiB", "params MiB", "method"]]
+    for col, rel in (("peak MiB", "peak vs baseline %"), ("kept after forward MiB", "kept vs baseline %"),
+                     ("saved MiB", "saved vs baseline %")):
+        base = df[col].iloc[0]
+        df[rel] = (100 * (df[col] - base) / base).round(1) if base else 0.0
+    for c in ("peak MiB", "kept after forward MiB", "saved MiB", "activations at peak MiB",
+              "params MiB", "optimizer MiB"):
+        df[c] = df[c].astype(float).round(1)
+    return df[COLUMNS]
 
 
-def _cuda_row(name, build, input_shape, n_classes, dtype, ac, device):
-    from .memory import SavedTensorMeter
+def _params_of(build: Callable[[], nn.Module], dtype: torch.dtype):
+    from .memory import default_dtype
 
-    with default_dtype(dtype):
-        model = build().to(device)
-    x = torch.randn(input_shape, device=device, dtype=dtype)
-    y = torch.randint(0, n_classes, (input_shape[0], *input_shape[2:]), device=device)
-    opt = torch.optim.Adam(model.parameters())
-    meter = SavedTensorMeter(model.parameters())
-
-    def step():
-        with meter, torch.autocast("cuda", dtype=ac or torch.float16, enabled=ac is not None):
-            out = model(x)
-        nn.functional.cross_entropy(out.float(), y).backward()
-        opt.step()
-
-    peak = cuda_peak(step, baseline=False)
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
-    return {"variant": name, "peak MiB": mib(peak.peak_allocated), "saved MiB": mib(meter.peak),
-            "params MiB": mib(params),
-            "activations at peak MiB": float("nan"),
-            "method": "measured (cuda max_memory_allocated)"}
+    with default_dtype(dtype), torch.device("meta"):
+        return list(build().parameters())
 
 
 def step_time(build: Callable[[], nn.Module], input_shape: tuple[int, ...], *, n_classes: int = 5,
               device: str | torch.device = "cpu", reps: int = 3,
               autocast_dtype: torch.dtype | None = None,
               dtype: torch.dtype = torch.float32) -> float:
-    """Median seconds of one real training step (forward, backward, Adam), after one warm-up.
-    ``dtype`` is the input's (match a model built in fp16). For notebooks and benchmarks; tests
-    never assert on time."""
-    import statistics
-    import time
+    """Median seconds of one real ``training_step`` (forward, backward, Adam), after one
+    warm-up step. The model is built in ``dtype`` and the input made in it (a model built in
+    fp16 gets fp16 input). On CUDA the clock stops after ``torch.cuda.synchronize()``. For
+    notebooks and benchmarks; tests never assert on time."""
+    from .memory import default_dtype
+    from .train import training_step
 
+    if reps < 1:
+        raise ValueError(f"reps must be >= 1, got {reps}")
     dev = torch.device(device)
     torch.manual_seed(0)
-    model = build().to(dev)
+    with default_dtype(dtype):
+        model = build().to(dev)
     x = torch.randn(input_shape, device=dev, dtype=dtype)
     y = torch.randint(0, n_classes, (input_shape[0], *input_shape[2:]), device=dev)
     opt = torch.optim.Adam(model.parameters())
     times = []
     for i in range(reps + 1):
         if dev.type == "cuda":
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(dev)
         t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(dev.type, dtype=autocast_dtype or torch.bfloat16,
-                            enabled=autocast_dtype is not None):
-            out = model(x)
-        nn.functional.cross_entropy(out.float(), y).backward()
-        opt.step()
+        training_step(model, x, y, opt, autocast_dtype=autocast_dtype)
         if dev.type == "cuda":
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(dev)
         if i:
             times.append(time.perf_counter() - t0)
     return statistics.median(times)

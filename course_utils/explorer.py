@@ -1,16 +1,19 @@
 """The memory explorer: every technique of the course as a switch, one predicted budget.
 
 ``estimate(Config(...))`` predicts the steady-state training memory of a U-Net configuration
-per GPU; ``explorer()`` puts it behind ipywidgets sliders with a stacked bar and the largest batch
-for a budget. How it stays fast enough to drag a slider:
+per GPU and the largest batch that fits a card; ``explorer()`` puts it behind ipywidgets
+controls with a stacked bar. How it stays fast enough to move a slider, and what it assumes:
 
-* one ``predict_step`` (forward + backward under FakeTensorMode, no optimizer) per *model*
-  configuration, at batch 1, cached;
-* the batch enters linearly: every activation and temporary has a batch dimension, parameters and
-  gradients do not (``tests/test_explorer.py`` checks the scaling against direct predictions);
-* Adam's two moments are added analytically (2 x the parameter bytes, in the parameters' dtype):
-  from the second step on they are resident during forward and backward, so this is the
-  *steady-state* peak, not the first step's. The optimizer step's own temporaries are ignored.
+* **One prediction per model configuration**, cached: the steady-state training step
+  (``memory.predict_step``: Adam state resident, CUDA's autocast rules, 512-byte blocks) at
+  batch 2. Parameters, gradients and optimizer state do not grow with the batch; activations,
+  temporaries and the batch itself grow in proportion to it. ``tests/test_explorer.py`` checks
+  the scaled figure against direct predictions at other batches.
+* **What a card needs beyond the prediction** (``Overheads``): the CUDA context, which the
+  allocator never sees, and slack for what the prediction cannot see -- cuDNN workspaces,
+  allocator rounding and fragmentation (reserved above allocated). Defaults are assumptions
+  stated in ``Overheads.source``; when a GPU run has been recorded (``recorded``), its measured
+  context and reserved/allocated ratio replace them.
 """
 
 from __future__ import annotations
@@ -33,7 +36,40 @@ PRECISIONS = {
     "autocast bf16": (torch.float32, torch.bfloat16),
 }
 CHECKPOINTING = ("none", "every level", "selective (save convs)")
-BUDGETS_GIB = (8, 16, 24, 80)
+BUDGETS_GIB = (8, 12, 16, 24, 40, 80)
+#: the batch each configuration is predicted at (BatchNorm needs 2 values per channel: a
+#: 1-voxel deepest level at batch 1 would fail); other batches are scaled from it
+PROBE_BATCH = 2
+#: the parts of a peak that grow with the batch
+PER_SAMPLE = ("activations", "temporaries")
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """Memory a card needs beyond the predicted ``max_memory_allocated``."""
+
+    context_mib: float  # CUDA context + libraries: part of the card, never in memory_allocated
+    slack: float  # fraction of the predicted peak: workspaces, rounding, fragmentation
+    source: str
+
+    def needed(self, predicted_peak: float) -> float:
+        """Bytes of the card a step with this predicted allocated peak needs."""
+        return predicted_peak * (1 + self.slack) + self.context_mib * MiB
+
+
+def overheads() -> Overheads:
+    """Measured on a GPU when a run was recorded, else the stated assumptions."""
+    from .recorded import lookup
+
+    ctx, ratio = lookup("00/cuda_context"), lookup("gpu/reserved_over_allocated")
+    if ctx is not None and ratio is not None:
+        return Overheads(float(ctx.value["context_MiB"]), max(0.0, float(ratio.value["max"]) - 1),
+                         f"measured: context and reserved/allocated {ctx.label}")
+    return Overheads(
+        500.0, 0.10,
+        "assumed (no GPU run recorded): CUDA context 500 MiB (a few hundred MiB on recent GPUs "
+        "with lazy module loading); slack 10 % of the allocated peak (seed 000's own hook table "
+        "shows reserved/allocated of 1.05-1.10 at its peaks)")
 
 
 @dataclass(frozen=True)
@@ -51,9 +87,17 @@ class Config:
     seed000: bool = True  # at 64 channels, 5 or 4 levels: seed 000's exact large / small nets
 
     def model_key(self) -> tuple:
-        """What the cached prediction depends on (not batch, ranks or budget)."""
-        return (self.levels, self.base_channels, self.volume, self.precision, self.inplace_relu,
-                self.inplace_abn, self.checkpointing, self.seed000)
+        """What the cached predictions depend on (not batch, ranks or budget)."""
+        return (self.levels, self.base_channels, tuple(self.volume), self.precision,
+                self.inplace_relu, self.inplace_abn, self.checkpointing, self.seed000)
+
+    def describe(self) -> str:
+        """The configuration in words, e.g. 'autocast fp16 + in-place ReLU + checkpointing'."""
+        parts = [self.precision] + [name for on, name in ((self.inplace_relu, "in-place ReLU"),
+                                                          (self.inplace_abn, "In-Place ABN")) if on]
+        if self.checkpointing != "none":
+            parts.append(f"checkpointing ({self.checkpointing})")
+        return " + ".join(parts)
 
 
 def _validate(cfg: Config) -> None:
@@ -67,8 +111,12 @@ def _validate(cfg: Config) -> None:
             "that output in place (PyTorch refuses: 'Tensor cached during selective activation "
             "checkpoint has been mutated'). Use full checkpointing ('every level') with In-Place ABN."
         )
+    if cfg.inplace_abn and cfg.inplace_relu:
+        raise ValueError("In-Place ABN replaces BatchNorm + ReLU: switch in-place ReLU off with it")
     if cfg.batch < 1 or cfg.dp_ranks < 1:
         raise ValueError("batch and dp_ranks must be >= 1")
+    if cfg.budget_gib <= 0:
+        raise ValueError(f"budget_gib must be > 0, got {cfg.budget_gib}")
     # a volume too small for the levels is reported by UNet3D.check_input itself
 
 
@@ -86,17 +134,21 @@ def build(cfg: Config) -> UNet3D:
                   n_classes=5, norm_act=norm_act, **ckpt)
 
 
+#: the parts of a peak, from MemTracker's categories
+PARTS = {"params": ("Parameter", "Buffer"), "grads": ("Gradient",), "optimizer": ("Optstate",),
+         "activations": ("Activation",), "temporaries": ("Temp", "Other")}
+
+
 @functools.lru_cache(maxsize=256)
-def _per_sample(key: tuple) -> dict[str, int]:
+def _lines(key: tuple) -> dict[str, tuple[float, float]]:
+    """Each part of the predicted peak as (fixed bytes, bytes per sample)."""
     cfg = Config(levels=key[0], base_channels=key[1], volume=key[2], precision=key[3],
                  inplace_relu=key[4], inplace_abn=key[5], checkpointing=key[6], seed000=key[7])
     dtype, ac = PRECISIONS[cfg.precision]
-    p = predict_step(lambda: build(cfg), (1, 1, *cfg.volume), n_classes=5, dtype=dtype,
-                     optimizer=None, autocast_dtype=ac, module_peaks=False)
-    b = p.breakdown
-    return {"params": b["Parameter"] + b["Buffer"], "grads": b["Gradient"],
-            "per_sample": b["Activation"] + b["Temp"] + b["Other"],
-            "activations_per_sample": b["Activation"], "param_bytes": b["Parameter"]}
+    p = predict_step(lambda: build(cfg), (PROBE_BATCH, 1, *cfg.volume), n_classes=5, dtype=dtype,
+                     autocast_dtype=ac, module_peaks=False)
+    parts = {k: sum(p.breakdown[c] for c in cats) for k, cats in PARTS.items()}
+    return {k: (0.0, v / PROBE_BATCH) if k in PER_SAMPLE else (float(v), 0.0) for k, v in parts.items()}
 
 
 @dataclass
@@ -105,33 +157,55 @@ class Estimate:
     local_batch: int
     parts: dict[str, int]  # bytes per GPU: params, grads, optimizer, activations, temporaries
     largest_batch: int  # global batch that fits the budget on every GPU
-    method: str = "predicted (MemTracker under FakeTensorMode, batch-1 run scaled; Adam analytic)"
+    overheads: Overheads
+    method: str = ("predicted (MemTracker under FakeTensorMode, steady-state step, CUDA rules; "
+                   "batch-2 step scaled by the batch)")
 
     @property
     def total(self) -> int:
+        """Predicted ``max_memory_allocated`` per GPU."""
         return sum(self.parts.values())
+
+    @property
+    def card_needs(self) -> int:
+        """What the card must have: the prediction plus context and slack (``Overheads``)."""
+        return int(self.overheads.needed(self.total))
+
+    @property
+    def fits(self) -> bool:
+        return self.card_needs <= self.config.budget_gib * GiB
 
     def row(self) -> dict[str, Any]:
         c = self.config
         return {"precision": c.precision, "in-place ReLU": c.inplace_relu, "In-Place ABN": c.inplace_abn,
                 "checkpointing": c.checkpointing, "ranks": c.dp_ranks, "batch/GPU": self.local_batch,
                 **{f"{k} MiB": round(v / MiB) for k, v in self.parts.items()},
-                "total MiB": round(self.total / MiB),
+                "total MiB": round(self.total / MiB), "card needs MiB": round(self.card_needs / MiB),
                 f"largest batch in {c.budget_gib} GiB": self.largest_batch}
 
 
-def estimate(cfg: Config) -> Estimate:
-    """Predicted steady-state memory per GPU for ``cfg`` (global batch split over dp_ranks)."""
+def _parts(lines: dict[str, tuple[float, float]], batch: int) -> dict[str, int]:
+    return {k: max(0, int(round(a + s * batch))) for k, (a, s) in lines.items()}
+
+
+def estimate(cfg: Config, over: Overheads | None = None) -> Estimate:
+    """Predicted steady-state memory per GPU for ``cfg`` (global batch split over dp_ranks), and
+    the largest global batch whose step fits a ``budget_gib`` card on every rank."""
     _validate(cfg)
-    s = _per_sample(cfg.model_key())
+    over = over or overheads()
+    lines = _lines(cfg.model_key())
     local = -(-cfg.batch // cfg.dp_ranks)  # ceil: the fullest rank
-    act = s["activations_per_sample"] * local
-    static = s["params"] + s["grads"] + 2 * s["param_bytes"]
-    parts = {"params": s["params"], "grads": s["grads"], "optimizer": 2 * s["param_bytes"],
-             "activations": act, "temporaries": s["per_sample"] * local - act}
-    room = cfg.budget_gib * GiB - static
-    largest = max(0, room // s["per_sample"]) * cfg.dp_ranks if s["per_sample"] else 0
-    return Estimate(cfg, local, parts, int(largest))
+    budget = cfg.budget_gib * GiB
+    per_sample = sum(s for _, s in lines.values())
+    if per_sample <= 0:
+        raise ValueError("the prediction does not grow with the batch: cannot size a batch")
+    fixed = sum(a for a, _ in lines.values())
+    # needed(b) = (fixed + b per_sample)(1 + slack) + context <= budget, solved for b
+    room = (budget - over.context_mib * MiB) / (1 + over.slack) - fixed
+    largest = max(0, int(room // per_sample))
+    while largest and over.needed(sum(_parts(lines, largest).values())) > budget:
+        largest -= 1  # the rounding of each part
+    return Estimate(cfg, local, _parts(lines, local), largest * cfg.dp_ranks, over)
 
 
 def table(configs: list[Config]):
@@ -153,32 +227,41 @@ def all_combinations(base: Config, precisions=None) -> list[Config]:
     return out
 
 
+COLORS = {"params": "#4c72b0", "grads": "#55a868", "optimizer": "#c44e52", "activations": "#8172b2",
+          "temporaries": "#ccb974", "context + slack": "#bbbbbb"}
+
+
 def plot(est: Estimate, ax=None):
+    """One stacked bar: what a GPU holds at the step's peak, with the card's size marked."""
     import matplotlib.pyplot as plt
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(7, 1.8))
+        _, ax = plt.subplots(figsize=(8, 2.2))
     left = 0.0
-    colors = ["#4c72b0", "#55a868", "#c44e52", "#8172b2", "#ccb974"]
-    for (name, v), col in zip(est.parts.items(), colors):
-        ax.barh(0, v / MiB, left=left, color=col, label=f"{name} {v / MiB:,.0f}")
+    parts = dict(est.parts, **{"context + slack": est.card_needs - est.total})
+    for name, v in parts.items():
+        ax.barh(0, v / MiB, left=left, color=COLORS[name], label=f"{name} {v / MiB:,.0f} MiB",
+                hatch="//" if name == "context + slack" else None, edgecolor="white")
         left += v / MiB
     budget = est.config.budget_gib * 1024
     ax.axvline(budget, color="k", ls="--")
-    ax.text(budget, 0.45, f" {est.config.budget_gib} GiB", va="center")
+    ax.text(budget, 0.5, f"{est.config.budget_gib} GiB card ", ha="right", va="bottom", fontsize=8,
+            transform=ax.get_xaxis_transform())
     ax.set_yticks([])
-    ax.set_xlim(0, max(left, budget) * 1.15)
-    ax.set_xlabel("MiB per GPU (predicted)")
-    ax.set_title(f"{est.total / MiB:,.0f} MiB at batch {est.local_batch}/GPU -> "
-                 f"largest global batch in budget: {est.largest_batch}", fontsize=10)
-    ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.55))
+    ax.set_ylim(-0.5, 1.1)
+    ax.set_xlim(0, max(left, budget) * 1.05)
+    ax.set_xlabel("MiB per GPU (predicted steady-state step; grey: context + slack, see Overheads)")
+    verdict = "fits" if est.fits else "does NOT fit"
+    ax.set_title(f"{est.config.describe()}: batch {est.local_batch}/GPU {verdict}; largest global "
+                 f"batch in {est.config.budget_gib} GiB: {est.largest_batch}", fontsize=9)
+    ax.legend(fontsize=7, ncol=3, loc="upper left", frameon=False)
     return ax
 
 
 def explorer(start: Config = Config()):
     """The interactive explorer (ipywidgets); returns the widget box. A first prediction of a
-    new model configuration takes about a second on a laptop CPU; batch, ranks and budget
-    changes, and revisited configurations, are instant."""
+    new model configuration takes two fake training steps (seconds on a laptop CPU at seed 000's
+    size); batch, ranks and budget changes, and revisited configurations, are instant."""
     import ipywidgets as w
     import matplotlib.pyplot as plt
     from IPython.display import display
@@ -196,9 +279,10 @@ def explorer(start: Config = Config()):
         "inplace_abn": w.Checkbox(s.inplace_abn, description="In-Place ABN"),
         "checkpointing": w.Dropdown(options=list(CHECKPOINTING), value=s.checkpointing, description="checkpoint"),
         "dp_ranks": w.IntSlider(s.dp_ranks, min=1, max=8, description="DP ranks"),
-        "budget_gib": w.Dropdown(options=list(BUDGETS_GIB), value=s.budget_gib, description="budget GiB"),
+        "budget_gib": w.Dropdown(options=list(BUDGETS_GIB), value=s.budget_gib, description="card GiB"),
     }
     out = w.Output()
+    previous: dict[str, Estimate] = {}
 
     def update(_=None):
         cfg = Config(levels=ctl["levels"].value, base_channels=ctl["base_channels"].value,
@@ -213,9 +297,17 @@ def explorer(start: Config = Config()):
             except ValueError as err:
                 print(err)
                 return
-            fig, ax = plt.subplots(figsize=(8, 1.9))
+            fig, ax = plt.subplots(figsize=(8, 2.2))
             plot(est, ax)
             plt.show()
+            before = previous.get("last")
+            if before is not None:
+                delta = est.total - before.total
+                print(f"change from the previous setting: {delta / MiB:+,.0f} MiB predicted peak"
+                      + (" (no change: this switch does not touch the peak here; the peak is in "
+                         f"{describe_peak(est)})" if abs(delta) < MiB else ""))
+            print(f"overheads: {est.overheads.source}")
+            previous["last"] = est
 
     for c in ctl.values():
         c.observe(update, names="value")
@@ -227,3 +319,12 @@ def explorer(start: Config = Config()):
     display(box)
     return box
 
+
+def describe_peak(est: Estimate) -> str:
+    """Where the peak of ``est``'s configuration is (module and phase), at batch 2."""
+    cfg = est.config
+    dtype, ac = PRECISIONS[cfg.precision]
+    p = predict_step(lambda: build(cfg), (PROBE_BATCH, 1, *cfg.volume), n_classes=5, dtype=dtype,
+                     autocast_dtype=ac, module_peaks=False)
+    module, phase = p.log.peak_location
+    return f"{module}, {phase}"
