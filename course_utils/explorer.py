@@ -85,15 +85,17 @@ class Config:
     dp_ranks: int = 1
     budget_gib: int = 8
     seed000: bool = True  # at 64 channels, 5 or 4 levels: seed 000's exact large / small nets
+    lean_up: bool = False  # Up casts the upsampled map to the skip's dtype at once (notebook 04)
 
     def model_key(self) -> tuple:
         """What the cached predictions depend on (not batch, ranks or budget)."""
         return (self.levels, self.base_channels, tuple(self.volume), self.precision,
-                self.inplace_relu, self.inplace_abn, self.checkpointing, self.seed000)
+                self.inplace_relu, self.inplace_abn, self.checkpointing, self.seed000, self.lean_up)
 
     def describe(self) -> str:
         """The configuration in words, e.g. 'autocast fp16 + in-place ReLU + checkpointing'."""
-        parts = [self.precision] + [name for on, name in ((self.inplace_relu, "in-place ReLU"),
+        parts = [self.precision] + [name for on, name in ((self.lean_up, "lean Up"),
+                                                          (self.inplace_relu, "in-place ReLU"),
                                                           (self.inplace_abn, "In-Place ABN")) if on]
         if self.checkpointing != "none":
             parts.append(f"checkpointing ({self.checkpointing})")
@@ -124,7 +126,8 @@ def build(cfg: Config) -> UNet3D:
     """The U-Net a configuration describes."""
     norm_act = inplace_abn if cfg.inplace_abn else (bn_relu_inplace if cfg.inplace_relu else bn_relu)
     ckpt = dict(checkpoint_levels=cfg.checkpointing != "none",
-                checkpoint_policy=save_convolutions if cfg.checkpointing.startswith("selective") else None)
+                checkpoint_policy=save_convolutions if cfg.checkpointing.startswith("selective") else None,
+                lean_up=cfg.lean_up)
     if cfg.seed000 and cfg.base_channels == 64 and cfg.levels in (4, 5):
         from .unet import SEED000_VARIANTS
 
@@ -143,7 +146,8 @@ PARTS = {"params": ("Parameter", "Buffer"), "grads": ("Gradient",), "optimizer":
 def _lines(key: tuple) -> dict[str, tuple[float, float]]:
     """Each part of the predicted peak as (fixed bytes, bytes per sample)."""
     cfg = Config(levels=key[0], base_channels=key[1], volume=key[2], precision=key[3],
-                 inplace_relu=key[4], inplace_abn=key[5], checkpointing=key[6], seed000=key[7])
+                 inplace_relu=key[4], inplace_abn=key[5], checkpointing=key[6], seed000=key[7],
+                 lean_up=key[8])
     dtype, ac = PRECISIONS[cfg.precision]
     p = predict_step(lambda: build(cfg), (PROBE_BATCH, 1, *cfg.volume), n_classes=5, dtype=dtype,
                      autocast_dtype=ac, module_peaks=False)
@@ -177,7 +181,8 @@ class Estimate:
 
     def row(self) -> dict[str, Any]:
         c = self.config
-        return {"precision": c.precision, "in-place ReLU": c.inplace_relu, "In-Place ABN": c.inplace_abn,
+        return {"precision": c.precision, "lean Up": c.lean_up, "in-place ReLU": c.inplace_relu,
+                "In-Place ABN": c.inplace_abn,
                 "checkpointing": c.checkpointing, "ranks": c.dp_ranks, "batch/GPU": self.local_batch,
                 **{f"{k} MiB": round(v / MiB) for k, v in self.parts.items()},
                 "total MiB": round(self.total / MiB), "card needs MiB": round(self.card_needs / MiB),
@@ -214,16 +219,22 @@ def table(configs: list[Config]):
     return pd.DataFrame([estimate(c).row() for c in configs])
 
 
-def all_combinations(base: Config, precisions=None) -> list[Config]:
-    """Every valid combination of precision x activation trick x checkpointing, on ``base``
-    (In-Place ABN with selective checkpointing is left out: they cannot be combined)."""
+def all_combinations(base: Config, precisions=None, lean_up=(False,)) -> list[Config]:
+    """Every valid combination of precision x activation trick x checkpointing (x lean Up, for
+    the values in ``lean_up``), on ``base``. In-Place ABN with selective checkpointing is left
+    out (they cannot be combined), and lean Up is only tried under autocast (elsewhere the
+    upsampled map already has the skip's dtype)."""
     out = []
     for prec in precisions or PRECISIONS:
-        for relu, abn in ((False, False), (True, False), (False, True)):
-            for ck in CHECKPOINTING:
-                if abn and ck.startswith("selective"):
-                    continue
-                out.append(replace(base, precision=prec, inplace_relu=relu, inplace_abn=abn, checkpointing=ck))
+        for lean in lean_up:
+            if lean and PRECISIONS[prec][1] is None:
+                continue
+            for relu, abn in ((False, False), (True, False), (False, True)):
+                for ck in CHECKPOINTING:
+                    if abn and ck.startswith("selective"):
+                        continue
+                    out.append(replace(base, precision=prec, inplace_relu=relu, inplace_abn=abn,
+                                       checkpointing=ck, lean_up=lean))
     return out
 
 
@@ -276,6 +287,7 @@ def explorer(start: Config = Config()):
         "batch": w.IntSlider(s.batch, min=1, max=64, description="batch"),
         "precision": w.Dropdown(options=list(PRECISIONS), value=s.precision, description="precision"),
         "inplace_relu": w.Checkbox(s.inplace_relu, description="in-place ReLU"),
+        "lean_up": w.Checkbox(s.lean_up, description="lean Up"),
         "inplace_abn": w.Checkbox(s.inplace_abn, description="In-Place ABN"),
         "checkpointing": w.Dropdown(options=list(CHECKPOINTING), value=s.checkpointing, description="checkpoint"),
         "dp_ranks": w.IntSlider(s.dp_ranks, min=1, max=8, description="DP ranks"),
@@ -289,7 +301,8 @@ def explorer(start: Config = Config()):
                      volume=(ctl["d"].value, ctl["h"].value, ctl["w"].value), batch=ctl["batch"].value,
                      precision=ctl["precision"].value, inplace_relu=ctl["inplace_relu"].value,
                      inplace_abn=ctl["inplace_abn"].value, checkpointing=ctl["checkpointing"].value,
-                     dp_ranks=ctl["dp_ranks"].value, budget_gib=ctl["budget_gib"].value, seed000=s.seed000)
+                     dp_ranks=ctl["dp_ranks"].value, budget_gib=ctl["budget_gib"].value, seed000=s.seed000,
+                     lean_up=ctl["lean_up"].value)
         with out:
             out.clear_output(wait=True)
             try:
@@ -314,7 +327,7 @@ def explorer(start: Config = Config()):
     update()
     rows = [w.HBox([ctl[k] for k in keys]) for keys in
             (("levels", "base_channels", "precision"), ("d", "h", "w"), ("batch", "dp_ranks", "budget_gib"),
-             ("inplace_relu", "inplace_abn", "checkpointing"))]
+             ("lean_up", "inplace_relu", "inplace_abn", "checkpointing"))]
     box = w.VBox(rows + [out])
     display(box)
     return box

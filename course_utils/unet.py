@@ -72,23 +72,37 @@ class Up(nn.Module):
     """Trilinear upsample x2, pad to the skip connection's shape, concatenate, DoubleConv.
 
     ``in_channels`` is the channel count *after* concatenation (upsampled + skip).
+
+    ``lean=True`` changes no value the convolution sees, only memory: the upsampled map is cast
+    to the skip's dtype at once and not kept in a local variable. Under CUDA autocast,
+    trilinear upsampling runs in float32 (it is on autocast's fp32 list), so the upsampled map
+    and the concatenation would be float32 -- and the default forward, like seed 000's, keeps
+    both alive through the whole DoubleConv (its local ``x`` and the DoubleConv's argument).
+    The convolution casts its input to float16 anyway, so casting earlier computes the same.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, norm_act: NormAct | None = None):
+    def __init__(self, in_channels: int, out_channels: int, norm_act: NormAct | None = None,
+                 lean: bool = False):
         super().__init__()
         self.up = nn.Upsample(scale_factor=2, mode="trilinear", align_corners=True)
         self.conv = DoubleConv(in_channels, out_channels, norm_act)
+        self.lean = lean
 
-    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
-        x = self.up(x)
-        # An odd size on the way down (26 -> 13 -> 6) leaves the upsampled map one voxel short:
-        # pad it (last dim first, as F.pad wants) so it lines up with the skip connection.
+    @staticmethod
+    def pad_to(x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        """An odd size on the way down (26 -> 13 -> 6) leaves the upsampled map one voxel short:
+        pad it (last dim first, as F.pad wants) so it lines up with the skip connection."""
         diff = [s - u for s, u in zip(skip.shape[2:], x.shape[2:])]
         pad: list[int] = []
         for d in reversed(diff):
             pad += [d // 2, d - d // 2]
-        if any(pad):
-            x = F.pad(x, pad)
+        return F.pad(x, pad) if any(pad) else x
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        if self.lean:
+            return self.conv(torch.cat([skip, self.pad_to(self.up(x).to(skip.dtype), skip)], dim=1))
+        x = self.up(x)
+        x = self.pad_to(x, skip)
         return self.conv(torch.cat([skip, x], dim=1))
 
 
@@ -134,6 +148,8 @@ class UNet3D(nn.Module):
             ``checkpointing.save_convolutions``): what to store inside a checkpointed block.
         checkpoint_fix_bn: freeze BatchNorm running statistics while a block is recomputed, so
             that they are updated once per step, as without checkpointing.
+        lean_up: every ``Up`` block casts its upsampled map to the skip's dtype at once and keeps
+            no reference to it (``Up(lean=True)``): the same values, less memory under autocast.
     """
 
     def __init__(
@@ -147,6 +163,7 @@ class UNet3D(nn.Module):
         checkpoint_levels: bool = False,
         checkpoint_policy: Callable | None = None,
         checkpoint_fix_bn: bool = True,
+        lean_up: bool = False,
     ):
         super().__init__()
         if levels < 2:
@@ -174,7 +191,7 @@ class UNet3D(nn.Module):
         below = enc[-1]
         for i, out in enumerate(dec):
             skip = enc[levels - 2 - i]
-            ups.append(Up(below + skip, out, norm_act))
+            ups.append(Up(below + skip, out, norm_act, lean=lean_up))
             below = out
         self.ups = nn.ModuleList(ups)
         self.outc = OutConv(below, n_classes)

@@ -131,3 +131,21 @@ def test_emulation_matches_real_cuda_autocast(name):
     with torch.autocast("cuda", dtype=H):
         real = ops[name]().dtype
     assert real == emulated
+
+
+def test_lean_up_computes_the_same_and_saves_memory_only_under_autocast():
+    """Under CUDA autocast trilinear upsampling runs in fp32; the seed's Up keeps that map and
+    the fp32 concatenation alive through its DoubleConv. Up(lean=True) casts at once."""
+    torch.manual_seed(0)
+    plain, lean = UNet3D(levels=3, channels=4), UNet3D(levels=3, channels=4, lean_up=True)
+    lean.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 1, 8, 12, 10)
+    assert torch.equal(plain(x), lean(x))
+    with cuda_autocast_rules(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(plain(x), lean(x))  # the conv casts to bf16 anyway
+    kw = dict(n_classes=5, optimizer=None)
+    shape = (2, 1, 16, 32, 32)
+    for ac, lower in ((H, True), (None, False)):
+        a = predict_step(lambda: UNet3D(levels=3, channels=8), shape, autocast_dtype=ac, **kw).peak
+        b = predict_step(lambda: UNet3D(levels=3, channels=8, lean_up=True), shape, autocast_dtype=ac, **kw).peak
+        assert (b < a) if lower else (b <= a)

@@ -1,0 +1,205 @@
+"""Every technique of the course on seed 000's U-Net, predicted and (on a GPU) measured.
+
+``python benchmarks/run.py`` calls ``run()``; the GPU kit (``gpu_report``) calls it too. One row
+per technique and net:
+
+* **predicted** (any machine): the steady-state step's ``max_memory_allocated`` for a CUDA GPU
+  (``explorer.estimate``), what the card needs with context and slack, the largest batch for
+  the budget card, activations kept after forward, where the peak is, and the step's FLOPs
+  counted by ``torch.utils.flop_counter.FlopCounterMode`` under FakeTensorMode (forward,
+  backward and any recomputation; convolutions and matrix products only);
+* **measured** (CUDA only): the same step's ``max_memory_allocated`` / ``max_memory_reserved``
+  (``memory.measure_step``), the driver's used memory, the median step time, the largest batch
+  under an allocator cap of (budget - measured CUDA context), and the prediction's miss in %.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import explorer as ex
+from .config import SEED000_VOLUME
+from .memory import GiB, MiB, catch_oom, largest_that_fits, measure_step, memory_cap, predict_step
+
+TECHNIQUES: dict[str, dict[str, Any]] = {
+    "baseline fp32": dict(precision="fp32"),
+    "fp16 model (seed 000)": dict(precision="fp16 model (seed 000)"),
+    "autocast fp16": dict(precision="autocast fp16"),
+    "autocast bf16": dict(precision="autocast bf16"),
+    "in-place ReLU": dict(precision="fp32", inplace_relu=True),
+    "In-Place ABN": dict(precision="fp32", inplace_abn=True),
+    "checkpointing": dict(precision="fp32", checkpointing="every level"),
+    "selective checkpointing": dict(precision="fp32", checkpointing="selective (save convs)"),
+    "autocast fp16 + in-place ReLU + checkpointing": dict(precision="autocast fp16", inplace_relu=True,
+                                                          checkpointing="every level"),
+    "autocast fp16 + In-Place ABN": dict(precision="autocast fp16", inplace_abn=True),
+    "autocast fp16 + In-Place ABN + checkpointing": dict(precision="autocast fp16", inplace_abn=True,
+                                                         checkpointing="every level"),
+    "autocast fp16 + lean Up": dict(precision="autocast fp16", lean_up=True),
+    "autocast fp16 + lean Up + In-Place ABN + checkpointing": dict(
+        precision="autocast fp16", lean_up=True, inplace_abn=True, checkpointing="every level"),
+}
+NETS = {"large": 5, "small": 4}
+
+
+def configs(net: str = "large", batch: int = 2, budget_gib: int = 8) -> dict[str, ex.Config]:
+    base = ex.Config(levels=NETS[net], volume=SEED000_VOLUME, batch=batch, budget_gib=budget_gib)
+    return {name: replace(base, **kw) for name, kw in TECHNIQUES.items()}
+
+
+def step_flops(cfg: ex.Config, batch: int | None = None) -> int:
+    """FLOPs of one training step of ``cfg`` (forward + backward + recomputation), counted on
+    fake tensors by FlopCounterMode (convolutions and matrix products)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .memory import default_dtype
+    from .train import training_step
+
+    dtype, _ = ex.PRECISIONS[cfg.precision]
+    b = batch or cfg.batch
+    with default_dtype(dtype), FakeTensorMode():
+        net = ex.build(cfg)
+        x = torch.randn(b, 1, *cfg.volume)
+        y = torch.randint(0, 5, (b, *cfg.volume))
+        with FlopCounterMode(display=False) as counter:
+            training_step(net, x, y, None)
+    return int(counter.get_total_flops())
+
+
+def predicted_row(cfg: ex.Config) -> dict[str, Any]:
+    est = ex.estimate(cfg)
+    dtype, ac = ex.PRECISIONS[cfg.precision]
+    p = predict_step(lambda: ex.build(cfg), (cfg.batch, 1, *cfg.volume), n_classes=5, dtype=dtype,
+                     autocast_dtype=ac, module_peaks=False)
+    module, phase = p.log.peak_location
+    return {"predicted peak MiB": round(p.peak / MiB),
+            "card needs MiB": round(est.overheads.needed(p.peak) / MiB),
+            f"largest batch in {cfg.budget_gib} GiB (predicted)": est.largest_batch,
+            "kept after forward MiB": round(p.kept_after_forward / MiB),
+            "peak in": f"{module} ({phase})",
+            "GFLOP per step": round(step_flops(cfg) / 1e9)}
+
+
+def cuda_context_bytes() -> int:
+    """What the CUDA context and libraries take on the device, measured: driver-used memory
+    minus the allocator's reserved memory, after a first convolution (cuDNN loaded)."""
+    x = torch.randn(1, 1, 8, 8, 8, device="cuda")
+    torch.nn.functional.conv3d(x, torch.randn(2, 1, 3, 3, 3, device="cuda")).sum().item()
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    return total - free - torch.cuda.memory_reserved()
+
+
+def measured_row(cfg: ex.Config, context: int, reps: int = 5) -> dict[str, Any]:
+    from .compare import step_time
+
+    dtype, ac = ex.PRECISIONS[cfg.precision]
+    shape = (cfg.batch, 1, *cfg.volume)
+    m = measure_step(lambda: ex.build(cfg), shape, n_classes=5, dtype=dtype, autocast_dtype=ac)
+    secs = step_time(lambda: ex.build(cfg), shape, device="cuda", autocast_dtype=ac, dtype=dtype, reps=reps)
+    torch.cuda.empty_cache()
+
+    def fits(b: int) -> bool:
+        with catch_oom(verbose=False) as r:
+            measure_step(lambda: ex.build(cfg), (b, 1, *cfg.volume), n_classes=5, dtype=dtype,
+                         autocast_dtype=ac)
+        torch.cuda.empty_cache()
+        return r.ok
+
+    with memory_cap((cfg.budget_gib * GiB - context) / GiB):
+        largest = largest_that_fits(fits, start=1, limit=64, at_limit="return")
+    return {"measured peak MiB": round(m.peak_allocated / MiB),
+            "measured reserved MiB": round(m.peak_reserved / MiB),
+            "driver used MiB": round(m.driver_used / MiB),
+            "step s": round(secs, 4),
+            f"largest batch in {cfg.budget_gib} GiB (measured)": largest}
+
+
+def run(out: str | Path, nets: tuple[str, ...] = ("large",), budget_gib: int = 8,
+        measure: bool | None = None, techniques: list[str] | None = None,
+        progress: bool = True) -> dict[str, Any]:
+    """Benchmark ``techniques`` (default: all) on ``nets``; write ``<device>.json``, ``.md`` and
+    ``.png`` under ``out``; return the results."""
+    measure = torch.cuda.is_available() if measure is None else measure
+    device = torch.cuda.get_device_name(0) if measure else f"cpu-{platform.machine()}"
+    context = cuda_context_bytes() if measure else None
+    over = ex.overheads()
+    rows = []
+    for net in nets:
+        for name, cfg in configs(net, budget_gib=budget_gib).items():
+            if techniques and name not in techniques:
+                continue
+            row: dict[str, Any] = {"net": net, "technique": name, **predicted_row(cfg)}
+            if measure:
+                row.update(measured_row(cfg, context))
+                row["miss %"] = round(100 * (row["predicted peak MiB"] - row["measured peak MiB"])
+                                      / row["measured peak MiB"], 1)
+            rows.append(row)
+            if progress:
+                print(json.dumps(row), flush=True)
+    meta = {"device": device, "date": datetime.date.today().isoformat(), "torch": torch.__version__,
+            "cuda": str(torch.version.cuda), "budget_gib": budget_gib,
+            "model": "seed 000 U-Nets (large 40,158,853 / small 14,496,517 params), 26x150x320, "
+                     "batch 2, Adam, steady-state step",
+            "predicted": "MemTracker under FakeTensorMode, CUDA autocast rules, steady state; card "
+                         f"needs = predicted x (1 + slack) + context; overheads {over.source}",
+            "measured": ("cuda max_memory_allocated / max_memory_reserved of the steady-state step; "
+                         f"largest batch under an allocator cap of {budget_gib} GiB - measured "
+                         f"context ({context / MiB:.0f} MiB); step time median of 5 after warm-up"
+                         if measure else "not measured: no CUDA GPU")}
+    results = {"meta": meta, "rows": rows}
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = device.replace(" ", "_").replace("/", "_")
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / f"{stem}.md").write_text(markdown(results))
+    plot(results, out / f"{stem}.png")
+    return results
+
+
+def markdown(results: dict[str, Any]) -> str:
+    meta, rows = results["meta"], results["rows"]
+    cols = [c for c in rows[0] if c not in ("net",)] if rows else []
+    lines = [f"Device **{meta['device']}**, {meta['date']}, torch {meta['torch']}; {meta['model']}.",
+             f"Predicted: {meta['predicted']}.", f"Measured: {meta['measured']}.", ""]
+    for net in dict.fromkeys(r["net"] for r in rows):
+        lines += [f"**{net} net**", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(f"{r[c]:,}" if isinstance(r[c], int) else str(r[c]) for c in cols) + " |"
+                  for r in rows if r["net"] == net]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], path: str | Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    meta, rows = results["meta"], results["rows"]
+    nets = list(dict.fromkeys(r["net"] for r in rows))
+    fig, axes = plt.subplots(1, len(nets), figsize=(8 * len(nets), 0.45 * len(rows) / len(nets) + 1.6),
+                             squeeze=False)
+    for ax, net in zip(axes[0], nets):
+        sub = [r for r in rows if r["net"] == net]
+        names = [r["technique"] for r in sub]
+        ax.barh(names, [r["predicted peak MiB"] for r in sub], color="#8172b2", label="predicted peak")
+        if "measured peak MiB" in sub[0]:
+            ax.plot([r["measured peak MiB"] for r in sub], names, "k|", ms=14, mew=2,
+                    label="measured peak (cuda)")
+        ax.axvline(meta["budget_gib"] * 1024, color="k", ls="--", label=f"{meta['budget_gib']} GiB card")
+        ax.invert_yaxis()
+        ax.set_xlabel("MiB, steady-state training step")
+        ax.set_title(f"{net} net, batch 2, 26x150x320 ({meta['device']}, {meta['date']})", fontsize=9)
+        ax.legend(fontsize=7, loc="lower right")
+    plt.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
