@@ -88,28 +88,29 @@ class LimitRun:
                 "method": self.method}
 
 
-def run_limit_test(n: int, device: str | torch.device | None = None, fake: bool = True) -> LimitRun:
-    """Seed 003's step at cube size ``n``.
+def run_limit_test(n: int, device: str | torch.device | None = None, fake: bool = True,
+                   dtype: torch.dtype = torch.float32) -> LimitRun:
+    """Seed 003's step at cube size ``n``: forward, MSE, backward (no optimizer, as in the seed),
+    the course's ``training_step`` in every case.
 
-    * ``device='cuda'``: measured with the CUDA allocator (``memory_allocated`` after forward,
-      ``max_memory_allocated`` over the step).
-    * otherwise: the MemTracker log, on fake tensors (``fake=True``, any N in milliseconds) or on
-      real CPU tensors (``fake=False``).
+    * ``device='cuda'``: measured with the CUDA allocator (``memory_allocated`` when the forward
+      returns, ``max_memory_allocated`` over the step; ``memory.measure_step``).
+    * otherwise: predicted for a CUDA GPU under FakeTensorMode (``fake=True``, any N in
+      milliseconds), or measured with MemTracker on real CPU tensors (``fake=False``).
     """
+    from .memory import measure_step
+
+    if isinstance(n, bool) or not isinstance(n, int) or n < 3:
+        raise ValueError(f"N must be a whole number >= 3 (a 3x3x3 convolution's cube), got {n!r}")
+    shape = (1, 1, n, n, n)
     if device is not None and torch.device(device).type == "cuda":
         require_cuda("run_limit_test(device='cuda')")
-        net = LimitTestNet().cuda()
-        x, target = make_inputs(n, "cuda")
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        with SavedTensorMeter(net.parameters()) as meter:
-            loss = nn.functional.mse_loss(net(x), target)
-        after_forward = torch.cuda.memory_allocated()
-        loss.backward()
-        torch.cuda.synchronize()
-        return LimitRun(n, after_forward, torch.cuda.max_memory_allocated(), meter.peak,
+        m = measure_step(LimitTestNet, shape, shape, dtype=dtype, optimizer=None,
+                         steady_state=False, device=device)
+        return LimitRun(n, m.allocated_after_forward, m.peak_allocated, m.saved_peak,
                         "measured (cuda allocator)")
-    pred = predict_step(LimitTestNet, (1, 1, n, n, n), (1, 1, n, n, n), optimizer=None, fake=fake)
-    after_forward = next(r.tracked for r in pred.log.rows if r.call == 0 and r.hook == "fwd")
-    # + the loss: one scalar; the row is taken after the net's forward, before mse_loss
-    return LimitRun(n, after_forward, pred.peak, pred.saved_peak, pred.method)
+    if device is not None and torch.device(device).type != "cpu":
+        raise ValueError(f"device must be 'cuda', 'cpu' or None, got {device!r}")
+    pred = predict_step(LimitTestNet, shape, shape, dtype=dtype, optimizer=None, fake=fake,
+                        steady_state=False)
+    return LimitRun(n, pred.after_forward["Total"], pred.peak, pred.saved_peak, pred.method)

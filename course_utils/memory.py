@@ -730,6 +730,7 @@ def measure_step(
         post.remove()
     result.saved_peak = meter.peak
     result.kept_after_forward = marks["post"] - marks["pre"]
+    result.allocated_after_forward = marks["post"]
     result.method = ("measured (cuda max_memory_allocated / max_memory_reserved; "
                      + ("steady-state step)" if steady_state else "first step)"))
     del model, opt, x, y
@@ -894,7 +895,8 @@ class CudaPeak:
     reserved_after: int
     driver_used: int = 0  # total - free from cudaMemGetInfo after the step (context included)
     saved_peak: int = 0
-    kept_after_forward: int = 0
+    kept_after_forward: int = 0  # memory_allocated when the forward returns, minus before it
+    allocated_after_forward: int = 0  # memory_allocated when the forward returns
     method: str = "measured (cuda max_memory_allocated / max_memory_reserved)"
 
     def __str__(self) -> str:
