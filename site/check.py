@@ -192,6 +192,7 @@ for (const i of document.querySelectorAll('.cell_output img')) {
                     `drawn ${i.naturalWidth}x${i.naturalHeight} px, shown ${Math.round(r.width)} px wide ` +
                     `(${Math.round(100 * scale)} %: its text shrinks with it)`]);
 }
+out.banner = document.querySelector('.course-banner') ? document.querySelector('.course-banner').innerText : '';
 out.images = Array.from(document.querySelectorAll('.cell_output img')).map(i => [i.naturalWidth, i.naturalHeight]);
 return out;
 """
@@ -203,8 +204,8 @@ def need_browser() -> tuple[str, str]:
     except ImportError:
         sys.exit("site-check: Python package 'selenium' is missing: pip install -e '.[site]' "
                  "(make site-check installs the site extra)")
-    chrome = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = os.environ.get("CHROMEDRIVER") or shutil.which("chromedriver")
+    chrome = shutil.which(os.environ.get("CHROMIUM") or "chromium") or shutil.which("chromium-browser")
+    driver = shutil.which(os.environ.get("CHROMEDRIVER") or "chromedriver")
     if not chrome or not driver:
         missing = " and ".join(n for n, p in (("chromium", chrome), ("chromium-driver", driver)) if not p)
         sys.exit(f"site-check: {missing} not found. Install Debian's packages: "
@@ -279,6 +280,8 @@ def check_site(site: Path, shots: Path | None, pages: list[str] | None = None,
             for e in driver.get_log("browser"):
                 if e["level"] == "SEVERE" and not e["message"].startswith(base + "favicon.ico "):
                     failures.append(f"{page}: console error: {e['message'][:300]}")
+            if page.startswith("notebooks/") and not all(w in probe["banner"] for w in ("COURSE_SIZE=", "torch ")):
+                failures.append(f"{page}: no banner saying the preset, date and torch version of its outputs")
             failures += [f"{page}: image does not load: {src}" for src in probe["badImages"]]
             failures += [f"{page}: cell error output: {t!r}" for t in probe["errorOutputs"]]
             for href in probe["links"]:
