@@ -152,6 +152,7 @@ const outputs = Array.from(document.querySelectorAll('.cell_output'));
 out.errorOutputs = Array.from(document.querySelectorAll('.output.traceback, .output.error'))
   .map(e => e.innerText.slice(0, 300));
 for (const o of outputs) {
+  if (o.querySelector('.output.traceback, .output.error')) continue;  // already counted
   const t = o.innerText;
   if (/Traceback \(most recent call last\)/.test(t) || /^\w+(Error|Exception)\s+Traceback/m.test(t))
     out.errorOutputs.push(t.slice(0, 300));
