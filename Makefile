@@ -37,3 +37,23 @@ strip: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# --- the course as a website (site/): make site, then make site-check
+.PHONY: site site-check
+SITE_STAMP := $(VENV)/.site-installed
+
+$(SITE_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install -q -e ".[site]"
+	touch $(SITE_STAMP)
+
+# static HTML of the whole course in build/site/: every notebook executed at the tiny preset on
+# this machine (executed copies cached in build/site-cache/), exercises, teaching notes, search
+site: $(SITE_STAMP)
+	$(BIN)/python site/build.py --preset tiny
+
+# every page of build/site in headless Chromium (Debian: apt-get install chromium chromium-driver):
+# fails on an external request, a broken link or image, a console error or a cell error output;
+# screenshots in build/site-check/. First the check's own tests (it must catch each defect).
+site-check: $(SITE_STAMP)
+	$(BIN)/python -m pytest -q site/tests
+	$(BIN)/python site/check.py
