@@ -6,7 +6,9 @@
   ("cached" in old PyTorch, seed 000's ``mem_cached``): live tensors plus freed blocks it keeps
   for reuse. nvidia-smi shows reserved + the CUDA context + other libraries' memory.
 
-Everything here needs a GPU; each function says so clearly when there is none.
+The measuring functions need a GPU and say so clearly when there is none. ``SimulatedAllocator``
+/ ``simulate`` / ``trace_step`` model the allocator on any machine: a CPU learner sees allocated
+vs reserved, segments and fragmentation for seed 000's full-size step, labelled "simulated".
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 import pickle
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -113,6 +115,220 @@ def record_snapshot(fn: Callable[[], Any], path: str | Path = "snapshots/step.pi
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
     return path
+
+
+# --------------------------------------------------------------------------------------------
+# A model of the caching allocator, for machines without a GPU
+# --------------------------------------------------------------------------------------------
+#: constants of c10/cuda/CUDACachingAllocator.cpp
+MIN_BLOCK = 512  # every request is rounded up to a multiple of this
+SMALL_SIZE = 1 * MiB  # requests up to this come from the small pool...
+SMALL_BUFFER = 2 * MiB  # ...which cudaMallocs 2 MiB segments
+MIN_LARGE_ALLOC = 10 * MiB  # large requests below this share 20 MiB segments...
+LARGE_BUFFER = 20 * MiB
+ROUND_LARGE = 2 * MiB  # ...larger ones get a segment of their own, rounded up to 2 MiB
+
+
+@dataclass
+class _Block:
+    segment: int
+    offset: int
+    size: int
+    key: int | None = None  # the tensor's storage while allocated; None = free
+
+    @property
+    def free(self) -> bool:
+        return self.key is None
+
+
+@dataclass
+class SimulatedAllocator:
+    """PyTorch's CUDA caching allocator in miniature, replaying allocation events.
+
+    Modelled: rounding to 512 B; the small (<= 1 MiB) and large pools; segment sizes (2 MiB,
+    20 MiB, or the request rounded up to 2 MiB); best-fit reuse of cached free blocks; splitting
+    (small pool: if >= 512 B remain; large: if > 1 MiB remain); merging freed neighbours; on a
+    cap (``limit``), freeing every wholly unused cached segment and retrying before an
+    out-of-memory. Not modelled: streams, expandable segments, garbage-collection thresholds.
+    A model, not a measurement: figures from it say "simulated".
+    """
+
+    limit: int | None = None
+    segments: list[list[_Block]] = field(default_factory=list)
+    where: dict[int, _Block] = field(default_factory=dict)
+    allocated: int = 0
+    reserved: int = 0
+    n_mallocs: int = 0
+
+    @staticmethod
+    def round_size(n: int) -> int:
+        return max(MIN_BLOCK, -(-n // MIN_BLOCK) * MIN_BLOCK)
+
+    @staticmethod
+    def segment_size(n: int) -> int:
+        if n <= SMALL_SIZE:
+            return SMALL_BUFFER
+        if n < MIN_LARGE_ALLOC:
+            return LARGE_BUFFER
+        return -(-n // ROUND_LARGE) * ROUND_LARGE
+
+    def _pool(self, segment: int) -> str:
+        return "small" if self.segment_size_of(segment) == SMALL_BUFFER else "large"
+
+    def segment_size_of(self, segment: int) -> int:
+        return sum(b.size for b in self.segments[segment])
+
+    def malloc(self, nbytes: int, key: int) -> None:
+        size = self.round_size(nbytes)
+        pool = "small" if size <= SMALL_SIZE else "large"
+        fits = [b for seg in range(len(self.segments)) if self.segments[seg] and self._pool(seg) == pool
+                for b in self.segments[seg] if b.free and b.size >= size]
+        if not fits:
+            seg_size = self.segment_size(size)
+            if self.limit is not None and self.reserved + seg_size > self.limit:
+                self.empty_cache()
+                if self.reserved + seg_size > self.limit:
+                    raise MemoryError(
+                        f"simulated CUDA out of memory: tried to allocate {size / MiB:.2f} MiB; "
+                        f"{self.allocated / MiB:.0f} MiB allocated, {self.reserved / MiB:.0f} MiB "
+                        f"reserved of a {self.limit / MiB:.0f} MiB limit")
+            self.segments.append([_Block(len(self.segments), 0, seg_size)])
+            self.reserved += seg_size
+            self.n_mallocs += 1
+            fits = self.segments[-1][:]
+        block = min(fits, key=lambda b: (b.size, b.segment, b.offset))  # best fit
+        rest = block.size - size
+        if rest >= MIN_BLOCK if pool == "small" else rest > SMALL_SIZE:
+            blocks = self.segments[block.segment]
+            i = blocks.index(block)
+            blocks.insert(i + 1, _Block(block.segment, block.offset + size, rest))
+            block.size = size
+        block.key = key
+        self.where[key] = block
+        self.allocated += block.size
+
+    def free(self, key: int) -> None:
+        block = self.where.pop(key)
+        block.key = None
+        self.allocated -= block.size
+        blocks = self.segments[block.segment]
+        i = blocks.index(block)
+        if i + 1 < len(blocks) and blocks[i + 1].free:  # merge with the next free block
+            block.size += blocks.pop(i + 1).size
+        if i > 0 and blocks[i - 1].free:  # and with the previous one
+            blocks[i - 1].size += blocks.pop(i).size
+
+    def empty_cache(self) -> None:
+        """Return every wholly free segment to the driver (``torch.cuda.empty_cache()``)."""
+        for seg, blocks in enumerate(self.segments):
+            if len(blocks) == 1 and blocks[0].free:
+                self.reserved -= blocks[0].size
+                self.segments[seg] = []
+
+    def snapshot(self) -> list[list[tuple[int, int, bool]]]:
+        """Each live segment's blocks as (offset, size, allocated)."""
+        return [[(b.offset, b.size, not b.free) for b in blocks] for blocks in self.segments if blocks]
+
+
+@dataclass
+class Simulation:
+    allocated: list[int]  # after each event
+    reserved: list[int]
+    allocator: SimulatedAllocator
+    method: str = "simulated (a model of PyTorch's caching allocator; not a measurement)"
+
+    @property
+    def peak_allocated(self) -> int:
+        return max(self.allocated, default=0)
+
+    @property
+    def peak_reserved(self) -> int:
+        return max(self.reserved, default=0)
+
+
+def simulate(events: list[tuple[int, int]], limit: int | None = None,
+             resident: list[tuple[int, int]] = ()) -> Simulation:
+    """Replay allocation events (``memory.LiveBytes(trace=True).events``: ``(+bytes, key)`` for
+    an allocation, ``(-bytes, key)`` for a free) through ``SimulatedAllocator``. ``resident``:
+    allocations made before (weights, batch), replayed first and never freed."""
+    alloc = SimulatedAllocator(limit=limit)
+    for size, key in resident:
+        alloc.malloc(size, key)
+    a, r = [], []
+    for size, key in events:
+        if size > 0:
+            alloc.malloc(size, key)
+        elif key in alloc.where:
+            alloc.free(key)
+        a.append(alloc.allocated)
+        r.append(alloc.reserved)
+    return Simulation(a, r, alloc)
+
+
+def trace_step(build_model: Callable[[], Any], input_shape: tuple[int, ...], *,
+               dtype: torch.dtype = torch.float32, n_classes: int = 5, steps: int = 2):
+    """The allocation events of ``steps`` training steps (``train.training_step``, Adam) of the
+    model ``build_model()`` builds, under FakeTensorMode: any size, on a CPU. Returns
+    ``(resident, events, step_starts)``: what exists before (weights, batch), the events, and the
+    index of the first event of each step."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from .memory import LiveBytes, default_dtype
+    from .train import training_step
+
+    with default_dtype(dtype), FakeTensorMode():
+        model = build_model()
+        x = torch.randn(input_shape)
+        y = torch.randint(0, n_classes, (input_shape[0], *input_shape[2:]))
+        opt = torch.optim.Adam(model.parameters(), foreach=True)
+        with LiveBytes(trace=True) as live:
+            live.track(model, x, y)
+            resident = list(live.events)
+            live.events.clear()
+            starts = []
+            for _ in range(steps):
+                starts.append(len(live.events))
+                training_step(model, x, y, opt)
+    return resident, list(live.events), starts
+
+
+def plot_simulation(sim: Simulation, starts: list[int] = (), ax=None, title: str = ""):
+    """Allocated and reserved over the replayed events, steps marked."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 3.2))
+    ax.plot([v / MiB for v in sim.allocated], label="allocated (live tensors)")
+    ax.plot([v / MiB for v in sim.reserved], label="reserved (segments held from the driver)")
+    ax.fill_between(range(len(sim.reserved)), [v / MiB for v in sim.allocated],
+                    [v / MiB for v in sim.reserved], color="grey", alpha=0.2, label="cached, free")
+    for i, s in enumerate(starts):
+        ax.axvline(s, color="k", lw=0.6, ls=":")
+        ax.text(s, 0.98, f" step {i + 1}", va="top", fontsize=8, transform=ax.get_xaxis_transform())
+    ax.set_xlabel("allocation event")
+    ax.set_ylabel("MiB")
+    ax.set_title(title or f"allocated vs reserved [{sim.method}]", fontsize=9)
+    ax.legend(fontsize=8, loc="center right")
+    return ax
+
+
+def plot_segments(alloc: SimulatedAllocator, ax=None, title: str = "", largest: int = 12):
+    """The ``largest`` segments as horizontal bars: allocated blocks filled, cached free blocks
+    hatched. What ``torch.cuda.memory._snapshot()`` shows, in miniature."""
+    import matplotlib.pyplot as plt
+
+    segs = sorted(alloc.snapshot(), key=lambda blocks: -sum(s for _, s, _ in blocks))[:largest]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 0.35 * len(segs) + 1.2))
+    for row, blocks in enumerate(segs):
+        for off, size, used in blocks:
+            ax.barh(row, size / MiB, left=off / MiB, color="#4c72b0" if used else "white",
+                    edgecolor="#4c72b0", hatch=None if used else "///", lw=0.6)
+    ax.set_yticks(range(len(segs)), [f"segment {i}" for i in range(len(segs))], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("MiB within the segment (filled: allocated block; hatched: cached free block)")
+    ax.set_title(title or "segments of the simulated caching allocator", fontsize=9)
+    return ax
 
 
 def show_snapshot(path: str | Path, height: int = 600):

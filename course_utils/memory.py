@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.utils._python_dispatch import TorchDispatchMode
 
 MiB = 2**20
 GiB = 2**30
@@ -182,6 +183,71 @@ def saved_tensors(output: torch.Tensor, params: Iterable[torch.Tensor] = ()) -> 
                         storage=_storage_key(t),
                     ))
     return rows
+
+
+# --------------------------------------------------------------------------------------------
+# Live tensor bytes: the CPU's stand-in for torch.cuda.memory_allocated()
+# --------------------------------------------------------------------------------------------
+class LiveBytes(TorchDispatchMode):
+    """Counts the bytes of every tensor storage created while active, until it dies: what
+    ``torch.cuda.memory_allocated()`` reports on a GPU (with ``round_to=512``, block by block),
+    on any device and under ``FakeTensorMode``. ``current`` and ``peak`` are in bytes;
+    ``events`` (with ``trace=True``) lists ``(+bytes, key)`` for each allocation and
+    ``(-bytes, key)`` for each free, in order: the input of ``allocator.simulate``.
+
+    Tensors that existed before (the model's weights, the batch) are not counted unless passed
+    to ``track(...)``, the way ``memory_allocated`` counts whatever is on the device.
+    """
+
+    def __init__(self, round_to: int = 1, trace: bool = False):
+        super().__init__()
+        self.round_to, self.trace = round_to, trace
+        self.current = self.peak = 0
+        self.events: list[tuple[int, int]] = []
+        self._live: dict[int, int] = {}
+        self._refs: dict[int, weakref.ref] = {}
+
+    def _size(self, st: torch.UntypedStorage) -> int:
+        n = st.nbytes()
+        return -(-n // self.round_to) * self.round_to
+
+    def _add(self, st: torch.UntypedStorage) -> None:
+        key = st._cdata
+        if key in self._live or st.nbytes() == 0:
+            return
+        size = self._size(st)
+        self._live[key] = size
+        self.current += size
+        self.peak = max(self.peak, self.current)
+        if self.trace:
+            self.events.append((size, key))
+        self._refs[key] = weakref.ref(st, lambda _, key=key: self._free(key))
+
+    def _free(self, key: int) -> None:
+        size = self._live.pop(key, None)
+        self._refs.pop(key, None)
+        if size is not None:
+            self.current -= size
+            if self.trace:
+                self.events.append((-size, key))
+
+    def track(self, *tensors: Any) -> None:
+        """Count tensors that already exist (and, for a module, its parameters and buffers)."""
+        for t in tensors:
+            if isinstance(t, nn.Module):
+                self.track(*t.parameters(), *t.buffers())
+            elif isinstance(t, torch.Tensor):
+                self._add(t.untyped_storage())
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self._add(t.untyped_storage())
+        return out
+
+    def reset_peak(self) -> None:
+        self.peak = self.current
 
 
 # --------------------------------------------------------------------------------------------
