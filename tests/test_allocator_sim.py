@@ -1,0 +1,84 @@
+"""LiveBytes (memory_allocated's CPU stand-in) and the caching-allocator model."""
+
+import gc
+
+import pytest
+import torch
+from torch import nn
+
+from course_utils import UNet3D, predict_step
+from course_utils.allocator import SimulatedAllocator, simulate, trace_step
+from course_utils.memory import MiB, LiveBytes
+
+
+def test_live_bytes_counts_what_memory_allocated_would():
+    net = nn.Sequential(nn.Conv3d(1, 4, 3, padding=1), nn.ReLU())
+    x = torch.randn(1, 1, 8, 8, 8)
+    with LiveBytes() as live:
+        live.track(net, x)
+        resident = live.current
+        assert resident == sum(p.nbytes for p in net.parameters()) + x.nbytes
+        y = net(x)
+        # the conv output dies once ReLU has read it; ReLU's output is kept (and returned)
+        assert live.current == resident + y.nbytes
+        assert live.peak == resident + 2 * y.nbytes
+        y.sum().backward()
+        del y
+        gc.collect()
+        assert live.current == resident + sum(p.grad.nbytes for p in net.parameters())
+    with LiveBytes(round_to=512) as live:
+        t = torch.ones(3)  # 12 bytes occupy a 512-byte block
+        assert live.current == 512
+
+
+def test_segment_sizes_and_rounding():
+    a = SimulatedAllocator()
+    a.malloc(100, 1)  # small pool: 2 MiB segment, 512-B block
+    assert (a.allocated, a.reserved) == (512, 2 * MiB)
+    a.malloc(11 * MiB + 1, 2)  # >= 10 MiB: its own segment, rounded up to 2 MiB
+    assert a.reserved == 14 * MiB
+    a.malloc(3 * MiB, 3)  # large, < 10 MiB, and no free block fits: a 20 MiB segment
+    assert a.reserved == 34 * MiB and a.n_mallocs == 3
+    a.malloc(11 * MiB, 4)  # best fit: the 17 MiB left in the 20 MiB segment, no new segment
+    assert a.n_mallocs == 3
+
+
+def test_the_caching_demo_sequence():
+    """The sequence of allocator.caching_demo: a freed block stays reserved, is reused for a
+    smaller tensor, and only empty_cache gives it back."""
+    a = SimulatedAllocator()
+    a.malloc(256 * MiB, 1)
+    a.malloc(256 * MiB, 2)
+    a.free(1)
+    assert (a.allocated, a.reserved) == (256 * MiB, 512 * MiB)
+    a.malloc(128 * MiB, 3)  # best fit: a's cached 256 MiB segment, split
+    assert a.reserved == 512 * MiB and a.n_mallocs == 2
+    a.free(2)
+    a.free(3)
+    assert (a.allocated, a.reserved) == (0, 512 * MiB)
+    a.empty_cache()
+    assert a.reserved == 0
+
+
+def test_fragmentation_runs_out_below_the_limit():
+    """Holes between live blocks cannot serve a larger request: an OOM with less allocated
+    than the limit (what expandable segments address)."""
+    a = SimulatedAllocator(limit=40 * MiB)
+    for k in range(8):
+        a.malloc(5 * MiB, k)  # two 20 MiB segments, four 5 MiB blocks each
+    for k in range(0, 8, 2):
+        a.free(k)  # 20 MiB free, in 5 MiB holes between live blocks
+    assert a.reserved == 40 * MiB and a.allocated == 20 * MiB
+    with pytest.raises(MemoryError, match="simulated CUDA out of memory"):
+        a.malloc(8 * MiB, 99)  # no hole is large enough, and no segment is wholly free
+
+
+def test_a_traced_step_replays_to_the_predicted_peak():
+    build = lambda: UNet3D(levels=3, channels=8)
+    resident, events, starts = trace_step(build, (2, 1, 16, 32, 32))
+    sim = simulate(events, resident=resident)
+    steady = predict_step(build, (2, 1, 16, 32, 32), n_classes=5)  # 512-B blocks, CUDA target
+    second = max(sim.allocated[starts[1]:])
+    assert second == pytest.approx(steady.peak, rel=0.005)
+    assert sim.peak_reserved >= sim.peak_allocated
+    assert sim.reserved[-1] > sim.allocated[-1]  # the cache stays after the step
