@@ -14,7 +14,9 @@ from .memory import measure_step, mib, predict_step
 
 COLUMNS = ["variant", "peak MiB", "peak vs baseline %", "kept after forward MiB",
            "kept vs baseline %", "saved MiB", "saved vs baseline %", "activations at peak MiB",
-           "params MiB", "optimizer MiB", "peak in", "method"]
+           "params MiB", "gradients MiB", "optimizer MiB", "temporaries MiB", "peak in", "method"]
+#: what a peak is made of, in the order the stacked bars draw it
+PARTS = ("params MiB", "gradients MiB", "optimizer MiB", "activations at peak MiB", "temporaries MiB")
 
 
 def technique_table(
@@ -63,7 +65,8 @@ def technique_table(
             rows.append({"variant": name, "peak MiB": mib(m.peak_allocated),
                          "kept after forward MiB": mib(m.kept_after_forward),
                          "saved MiB": mib(m.saved_peak), "activations at peak MiB": None,
-                         "params MiB": mib(params), "optimizer MiB": 2 * mib(params),
+                         "params MiB": mib(params), "gradients MiB": None,
+                         "optimizer MiB": 2 * mib(params), "temporaries MiB": None,
                          "peak in": "", "method": m.method})
             continue
         p = predict_step(build, input_shape, n_classes=n_classes, dtype=dt, fake=fake,
@@ -73,18 +76,57 @@ def technique_table(
                      "kept after forward MiB": mib(p.kept_after_forward),
                      "saved MiB": mib(p.saved_peak),
                      "activations at peak MiB": mib(p.breakdown["Activation"]),
-                     "params MiB": mib(p.breakdown["Parameter"]),
+                     "params MiB": mib(p.breakdown["Parameter"] + p.breakdown["Buffer"]),
+                     "gradients MiB": mib(p.breakdown["Gradient"]),
                      "optimizer MiB": mib(p.breakdown["Optstate"]),
+                     "temporaries MiB": mib(p.breakdown["Temp"] + p.breakdown["Other"]),
                      "peak in": f"{module} ({phase})", "method": p.method})
     df = pd.DataFrame(rows)
     for col, rel in (("peak MiB", "peak vs baseline %"), ("kept after forward MiB", "kept vs baseline %"),
                      ("saved MiB", "saved vs baseline %")):
         base = df[col].iloc[0]
         df[rel] = (100 * (df[col] - base) / base).round(1) if base else 0.0
-    for c in ("peak MiB", "kept after forward MiB", "saved MiB", "activations at peak MiB",
-              "params MiB", "optimizer MiB"):
+    for c in ("peak MiB", "kept after forward MiB", "saved MiB", *PARTS):
         df[c] = df[c].astype(float).round(1)
     return df[COLUMNS]
+
+
+PART_COLORS = {"params MiB": "#4c72b0", "gradients MiB": "#55a868", "optimizer MiB": "#c44e52",
+               "activations at peak MiB": "#8172b2", "temporaries MiB": "#ccb974"}
+
+
+def plot_techniques(table, ax=None, title: str = "", budget_mib: float | None = None):
+    """Stacked bars, one per variant of a ``technique_table``: what the peak is made of
+    (parameters, gradients, optimizer state, activations, temporaries). Predicted rows only
+    (a CUDA measurement has the total, not the parts: drawn as a plain bar)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 0.5 * len(table) + 1.4))
+    names = list(table["variant"])
+    for i, (_, row) in enumerate(table.iterrows()):
+        left = 0.0
+        if row[PARTS[3]] is None or row[PARTS[3]] != row[PARTS[3]]:  # measured: no parts
+            ax.barh(i, row["peak MiB"], color="#999999", label="measured peak" if i == 0 else None)
+            continue
+        for part in PARTS:
+            v = float(row[part])
+            ax.barh(i, v, left=left, color=PART_COLORS[part],
+                    label=part.replace(" MiB", "").replace(" at peak", "") if i == 0 else None)
+            left += v
+        ax.text(left, i, f" {row['peak MiB']:,.0f}", va="center", fontsize=8)
+    if budget_mib:
+        ax.axvline(budget_mib, color="k", ls="--", lw=1)
+        ax.text(budget_mib, 1.0, f" {budget_mib:,.0f} MiB", fontsize=7, va="bottom",
+                transform=ax.get_xaxis_transform())
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.invert_yaxis()
+    right = max(float(table["peak MiB"].max()), budget_mib or 0)
+    ax.set_xlim(0, right * 1.45)  # room for the legend, right of the bars
+    ax.set_xlabel("MiB at the step's peak")
+    ax.set_title(title or str(table["method"].iloc[0]), fontsize=9)
+    ax.legend(fontsize=7, loc="center right", frameon=False)
+    return ax
 
 
 def _params_of(build: Callable[[], nn.Module], dtype: torch.dtype):

@@ -351,7 +351,7 @@ class MemoryLog(MemTracker):
 
     def _innermost_module(self) -> str:
         parents = [p for p in self._mod_tracker.parents if p != "Global"]
-        name = max(parents, key=lambda p: p.count("."), default="(no module)")
+        name = max(parents, key=lambda p: p.count("."), default="(between modules: the loss or the engine)")
         return name.split(".", 1)[1] if "." in name else name
 
     @property
@@ -513,16 +513,16 @@ class MemoryLog(MemTracker):
         bw = next((r.event for r in self.rows if r.hook.startswith("bwd")), None)
         if bw is not None:
             ax.axvspan(bw, ev[-1], color="grey", alpha=0.08, lw=0)
-            ax.text(bw, 0.97, " backward", va="top", fontsize=8, transform=ax.get_xaxis_transform())
-            ax.text(0, 0.97, " forward", va="top", fontsize=8, transform=ax.get_xaxis_transform())
-        top = self.peak_event()
-        if top is not None:
-            ax.plot([top.event], [mib(top.tracked)], "v", color="black")
-            ax.annotate(f"peak near {top.module} ({top.hook})", (top.event, mib(top.tracked)),
-                        textcoords="offset points", xytext=(4, -12), fontsize=8)
+            ax.text(bw, 0.02, " backward", va="bottom", fontsize=8, transform=ax.get_xaxis_transform())
+            ax.text(0, 0.02, " forward", va="bottom", fontsize=8, transform=ax.get_xaxis_transform())
+        module, phase = self.peak_location
+        ax.axhline(mib(self.peak), color="black", lw=0.8, ls="--")
+        ax.text(0.99, mib(self.peak), f"peak {mib(self.peak):,.0f} MiB: {module} ({phase}) ",
+                ha="right", va="bottom", fontsize=8, transform=ax.get_yaxis_transform())
         ax.set_xlabel("hook event (module pre/fwd, then bwd_pre/bwd)")
         ax.set_ylabel("MiB")
         ax.set_title(title or "memory over one training step")
+        ax.set_ylim(0, mib(self.peak) * 1.12)
         ax.legend(fontsize=8, loc="center right")
         return ax
 

@@ -17,6 +17,7 @@ in-place ReLU or In-Place Activated BatchNorm without copying the network.
 from __future__ import annotations
 
 import copy
+import math
 from typing import Callable, Sequence
 
 import torch
@@ -284,3 +285,44 @@ def level_shapes(model: UNet3D, volume: Sequence[int], batch: int = 1) -> list[t
     with torch.no_grad():
         meta(x)
     return rows
+
+
+def block_table(model: UNet3D, volume: Sequence[int], batch: int = 2,
+                dtype: torch.dtype = torch.float16) -> list[dict]:
+    """Per block (inc, downs.k, ups.k, outc): parameters, output shape, output resolution and the
+    output's bytes in ``dtype`` at ``volume`` -- computed on the meta device."""
+    size = torch.empty((), dtype=dtype).element_size()
+    blocks = [("inc", model.inc)] + [(f"downs.{k}", m) for k, m in enumerate(model.downs)]
+    blocks += [(f"ups.{k}", m) for k, m in enumerate(model.ups)] + [("outc", model.outc)]
+    shapes = dict(level_shapes(model, volume, batch))
+    return [{"block": name, "parameters": count_parameters(m), "output shape": shapes[name],
+             "resolution": "x".join(map(str, shapes[name][2:])), "channels": shapes[name][1],
+             "output bytes": math.prod(shapes[name]) * size} for name, m in blocks]
+
+
+def plot_memory_map(nets: dict[str, UNet3D], volume: Sequence[int], batch: int = 2,
+                    dtype: torch.dtype = torch.float16):
+    """Where the parameters sit and where the activations sit, block by block, for each net:
+    bars of parameters (millions) over bars of each block's output size (MiB, ``dtype``), blocks
+    laid out as the U (encoder down, decoder up), the resolution written under each block."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(nets), figsize=(7.5 * len(nets), 5.4), sharey="row", squeeze=False)
+    for col, (name, net) in enumerate(nets.items()):
+        rows = block_table(net, volume, batch, dtype)
+        x = range(len(rows))
+        labels = [f"{r['block']}\n{r['channels']} ch\n{r['resolution']}" for r in rows]
+        top, bottom = axes[0][col], axes[1][col]
+        top.bar(x, [r["parameters"] / 1e6 for r in rows], color="#4c72b0")
+        top.set_title(f"{name}: {count_parameters(net):,} parameters", fontsize=10)
+        top.set_ylabel("parameters (millions)")
+        bottom.bar(x, [r["output bytes"] / 2**20 for r in rows], color="#8172b2")
+        bottom.set_ylabel(f"block output, MiB\n({str(dtype)[6:]}, batch {batch})")
+        bottom.set_xticks(list(x), labels, fontsize=6.5)
+        top.set_xticks(list(x), [r["block"] for r in rows], fontsize=7)
+        for ax in (top, bottom):
+            ax.grid(axis="y", alpha=0.3)
+    fig.suptitle("parameters sit in the deep, narrow-resolution blocks; activations in the "
+                 f"full-resolution ones ({'x'.join(map(str, volume))})", fontsize=10)
+    fig.tight_layout()
+    return fig
