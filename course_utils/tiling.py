@@ -22,13 +22,17 @@ How the pieces fit together:
 * ``tiled_step(model, x, target, tiles)`` is the training step: gradients accumulate in
   ``.grad`` as after ``loss.backward()`` of the untiled step; it returns the loss.
 
-Zero padding at the border. A slab that touches the true border of the volume is *not*
-extended there: the network's own zero padding then acts at every layer exactly as it does on
-the full volume. (Padding the *input* with zeros instead would be wrong: a zero input voxel
-becomes ``relu(bias)`` after one layer, not the zero that the next layer's padding assumes.)
-At an internal cut the convolutions also zero-pad the slab's edge, which corrupts a band of
-``r`` voxels per layer -- a band that lies inside the halo, which is why the halo is the sum of
-the layers' radii, and why a smaller halo gives a wrong gradient.
+Zero padding at the border, and what each layer computes. A slab reads its owned voxels plus
+the halo. Each convolution then computes only the voxels that the layers after it still need
+(the owned voxels + the radii of the later convolutions): along a cut it is a *valid*
+convolution (no padding: the neighbour's voxels are there, read as halo), so the slab shrinks
+layer by layer to exactly its owned voxels; the overlap with the neighbours is computed twice
+(``work_factor`` says how much extra work that is). At the true border of the volume the slab
+is not extended, and each convolution zero-pads there exactly as on the full volume. (Padding
+the *input* with zeros instead would be wrong: a zero input voxel becomes ``relu(bias)`` after
+one layer, not the zero that the next layer's padding assumes.) With a halo smaller than the
+receptive field the missing neighbour voxels are zero-padded at the cut, and the gradient is
+wrong -- which the tests check.
 
 BatchNorm. In training mode BatchNorm normalises with the mean and variance over the *whole*
 batch and volume, which no slab sees. ``tiled_step`` handles it exactly, in sweeps over the
@@ -250,7 +254,7 @@ def receptive_halo(model: nn.Module) -> tuple[int, ...]:
     return conv_chain(model).halo
 
 
-def probe_halo(model: nn.Module, size: int = 25, trials: int = 3, seed: int = 0) -> tuple[int, ...]:
+def probe_halo(model: nn.Module, size: int = 15, trials: int = 3, seed: int = 0) -> tuple[int, ...]:
     """The halo measured instead of derived: the gradient of the centre output voxel with
     respect to the input is non-zero exactly on its receptive field. Runs a float64 copy of
     ``model`` on ``trials`` random volumes of ``size`` voxels per side and takes the union of
@@ -346,9 +350,10 @@ def _as_halo(halo: int | Sequence[int], nd: int) -> tuple[int, ...]:
 
 
 def plan_tiles(shape: Sequence[int], tiles: int | Sequence[int], halo: int | Sequence[int],
-               axis: int = 0) -> list[Tile]:
+               axis: int = 0, only: Sequence[tuple[int, ...]] | None = None) -> list[Tile]:
     """Cut a volume of spatial ``shape`` into ``tiles`` slabs along spatial ``axis`` (an int),
-    or into a grid (one count per axis). Owned sizes differ by at most one voxel."""
+    or into a grid (one count per axis). Owned sizes differ by at most one voxel. ``only``:
+    build just the tiles with these indices (the predictor's representative slabs)."""
     shape = tuple(int(s) for s in shape)
     nd = len(shape)
     counts = _as_counts(tiles, nd, axis)
@@ -367,11 +372,10 @@ def plan_tiles(shape: Sequence[int], tiles: int | Sequence[int], halo: int | Seq
                 f"axis {a} has {n} voxels but the halo is {h[a]} on each side: every slab would "
                 f"read (nearly) the whole axis, so splitting it saves no memory and only "
                 f"recomputes. Fix: do not split axis {a}; split a longer axis instead.")
-        cuts = [i * n // k for i in range(k + 1)]
-        bounds.append([(cuts[i], cuts[i + 1]) for i in range(k)])
+        bounds.append(lambda i, n=n, k=k: (i * n // k, (i + 1) * n // k))
     plan = []
-    for index in itertools.product(*(range(k) for k in counts)):
-        own = tuple(slice(*bounds[a][i]) for a, i in enumerate(index))
+    for index in (itertools.product(*(range(k) for k in counts)) if only is None else only):
+        own = tuple(slice(*bounds[a](i)) for a, i in enumerate(index))
         read = tuple(slice(max(0, o.start - h[a]), min(shape[a], o.stop + h[a]))
                      for a, o in enumerate(own))
         plan.append(Tile(tuple(index), own, read, shape))
@@ -676,18 +680,33 @@ def compare_with_untiled(build: Callable[[], nn.Module], x: torch.Tensor, target
     step = tiled_step(model, x, target, tiles, **kwargs)
     return {"grad_error": relative_error(grads_of(model), grads_of(ref_model)),
             "loss": float(step.loss), "loss_untiled": float(ref_loss),
-            "halo": step.halo, "work": step.work}
+            "halo": step.halo, "work": step.work, "sweeps": step.sweeps}
 
 
 # --------------------------------------------------------------------------------------------
 # Memory: the tiled step predicted under FakeTensorMode (seed 003 at N >= 700)
 # --------------------------------------------------------------------------------------------
+def _representative_indices(n: int, k: int, h: int) -> list[tuple[int, ...]]:
+    """What ``representative`` picks for ``k`` slabs along an axis of ``n`` voxels with halo
+    ``h`` -- first, last, and the interior slab that reads the most -- without building every
+    tile."""
+    if k <= 3:
+        return [(i,) for i in range(k)]
+
+    def read(i: int) -> int:
+        return min(n, (i + 1) * n // k + h) - max(0, i * n // k - h)
+
+    middle = max(range(1, k - 1), key=read)
+    return [(0,), (middle,), (k - 1,)]
+
+
 def representative(plan: Sequence[Tile]) -> list[Tile]:
-    """The first, one middle and the last slab: every slab has one of their read shapes
-    (owned sizes differ by at most one voxel; the middle slab has the larger one where they
-    differ), and the step's memory is the same for slabs of the same shape, because everything
-    a slab allocates is freed before the next starts. The predictor runs only these three;
-    ``tests/test_tiling.py`` checks that the peak equals the full plan's."""
+    """The first, one middle and the last slab. Each border slab is its own case (zero padding
+    on one side); every other slab reads owned + 2 x halo, or less where the border clips it,
+    with owned sizes that differ by at most one voxel, and the middle slab picked has the
+    larger. A slab's step frees everything it allocated before the next starts, so the step's
+    peak is the largest of these three. The predictor runs only them; ``tests/test_tiling.py``
+    checks that the peak equals the full plan's."""
     plan = list(plan)
     if len(plan) <= 3:
         return plan
@@ -746,7 +765,14 @@ def predict_tiled_step(
         chain = conv_chain(model)
         x = torch.randn(1, chain.in_channels, *shape)
         target = torch.randn(1, 1, *shape)
-        plan = plan_tiles(shape, tiles, chain.halo)
+        if all_tiles or not isinstance(tiles, int):
+            plan = plan_tiles(shape, tiles, chain.halo)
+            run = plan if all_tiles else representative(plan)
+        else:  # a slab per depth slice makes thousands of tiles: build only the three needed
+            only = [idx + (0,) * (len(shape) - 1)
+                    for idx in _representative_indices(shape[0], tiles, chain.halo[0])]
+            run = plan_tiles(shape, tiles, chain.halo, only=only)
+        n_tiles = math.prod(_as_counts(tiles, len(shape), 0))
         opt = _make_optimizer(optimizer, model)
         if opt is not None:  # steady state: the optimizer's state exists before the step
             for p in model.parameters():
@@ -756,7 +782,7 @@ def predict_tiled_step(
         log = _TiledLog(model, cuda=False, module_peaks=False)
         log.track_external(model, x, target, *([opt] if opt else []))
         with log:
-            tiled_step(model, x, target, plan if all_tiles else representative(plan), stream=stream)
+            tiled_step(model, x, target, run, stream=stream)
             if opt is not None:
                 opt.step()
     peak, breakdown = log.peak, log.breakdown("peak")
@@ -772,7 +798,7 @@ def predict_tiled_step(
     return Prediction(peak=peak, breakdown=breakdown, saved_peak=log.saved.peak,
                       parameters=sum(p.numel() for p in model.parameters()), log=log,
                       method=f"{'predicted' if fake else 'measured'} ({how}), tiled step, "
-                             f"{len(plan)} slabs, {where}")
+                             f"{n_tiles} slabs, {where}")
 
 
 def largest_tiled_n(budget_bytes: int, build_model: Callable[[], nn.Module] | None = None, *,
@@ -781,10 +807,9 @@ def largest_tiled_n(budget_bytes: int, build_model: Callable[[], nn.Module] | No
     """The largest cube side N whose tiled step is predicted to fit ``budget_bytes``, with
     slabs that own ``owned`` voxels of depth each (1 = the thinnest slabs: least memory, most
     recomputation; see ``work_factor``). Seed 003's net by default."""
-    from .limit_test import LimitTestNet
     from .memory import largest_that_fits
 
-    build = build_model or LimitTestNet
+    build = build_model or _limit_net
 
     def fits(n: int) -> bool:
         tiles = max(1, -(-n // owned))
@@ -798,9 +823,7 @@ def fewest_tiles(n: int, budget_bytes: int, build_model: Callable[[], nn.Module]
                  **kwargs: Any) -> int | None:
     """The fewest slabs along depth with which the tiled step on an N^3 volume is predicted to
     fit (fewer slabs = less recomputation); None if not even N slabs fit."""
-    from .limit_test import LimitTestNet
-
-    build = build_model or LimitTestNet
+    build = build_model or _limit_net
 
     def peak(tiles: int) -> int:
         return predict_tiled_step(build, n, tiles, **kwargs).peak
@@ -891,3 +914,149 @@ def draw_shrinking(model: nn.Module, size: int = 16, tiles: int = 3, slab: int =
     ax.set_xlabel("D (voxels); dotted: slab boundaries; dark: the voxels this slab owns")
     ax.set_title(f"slab {slab} of {tiles}: computed voxels per layer (halo {chain.halo[0]} = sum of radii)")
     return ax
+
+
+def seed003_table(budget_bytes: int, owned: Sequence[int] = (1, 4, 16), stream: bool = False):
+    """Seed 003's net, tiled: for slabs owning ``owned`` depth voxels each, the largest N whose
+    tiled step is predicted to fit ``budget_bytes``, and what its peak is made of."""
+    import pandas as pd
+
+    from .limit_test import input_bytes
+    from .memory import mib
+
+    rows = []
+    chain = conv_chain(_limit_net())
+    for o in owned:
+        n = largest_tiled_n(budget_bytes, owned=o, stream=stream, start=256)
+        tiles = -(-n // o)
+        p = predict_tiled_step(_limit_net, n, tiles, stream=stream)
+        volumes = 2 * input_bytes(n)
+        row = {"slab owns (depth voxels)": o, "largest N": n, "slabs": tiles,
+               "peak MiB (predicted)": round(mib(p.peak)),
+               "one slab's step MiB": round(mib(p.peak - (0 if stream else volumes))),
+               "conv work / untiled": round(work_factor(chain, plan_tiles((n,) * 3, tiles, chain.halo)), 2)}
+        if stream:
+            row["input + target in host memory GiB"] = round(volumes / 2**30, 1)
+        else:
+            row["input + target MiB"] = round(mib(volumes))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _limit_net() -> nn.Module:
+    from .limit_test import LimitTestNet
+
+    return LimitTestNet()
+
+
+def draw_memory_vs_n(budget_bytes: int, ns: Sequence[int] | None = None, ax=None,
+                     marks: dict[str, int] | None = None):
+    """Seed 003's step peak against N, predicted: untiled, tiled with the volume and target on
+    the device (slabs owning 1 depth voxel), and tiled with the volume streamed from host
+    memory; the input + target storage 2 x 4 N^3 bytes, the budget, and ``marks`` (label -> N)
+    as vertical lines."""
+    import matplotlib.pyplot as plt
+
+    from .limit_test import input_bytes
+    from .memory import mib, predict_step
+
+    ns = list(ns or [64, 128, 256, 512, 1024, 2048, 4096, 8192])
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 4.2), layout="constrained")
+    untiled = [predict_step(_limit_net, (1, 1, n, n, n), (1, 1, n, n, n), optimizer=None,
+                            module_peaks=False).peak for n in ns]
+    tiled = [predict_tiled_step(_limit_net, n, n).peak for n in ns]
+    streamed = [predict_tiled_step(_limit_net, n, n, stream=True).peak for n in ns]
+    ax.plot(ns, [mib(v) for v in untiled], "o-", label="untiled step (predicted)")
+    ax.plot(ns, [mib(v) for v in tiled], "s-", label="tiled, volume + target on the device")
+    ax.plot(ns, [mib(v) for v in streamed], "^-", label="tiled, volume streamed from host")
+    ax.plot(ns, [mib(2 * input_bytes(n)) for n in ns], "k:", label="input + target storage, 8 N^3 B")
+    ax.axhline(mib(budget_bytes), color="tab:red", lw=1)
+    ax.text(ns[0], mib(budget_bytes) * 1.15, f"budget {budget_bytes / 2**30:.0f} GiB", color="tab:red", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("N (volume N^3, batch 1, fp32)")
+    ax.set_ylabel("step peak, MiB (MemTracker under FakeTensorMode)")
+    for label, n in (marks or {}).items():
+        ax.axvline(n, color="grey", ls="--", lw=0.8)
+        ax.text(n, mib(budget_bytes) / 3, f" {label}\n N = {n}", fontsize=8, va="top")
+    ax.set_title("seed 003: slabs owning 1 depth voxel each")
+    ax.legend(fontsize=8, loc="upper left")
+    return ax
+
+
+def measure_tiled_step(n: int, owned: int = 1, *, device: str | torch.device = "cuda",
+                       stream: bool = False, budget_bytes: int | None = None) -> dict:
+    """Run seed 003's tiled step on an N^3 volume for real and measure it: on CUDA with the
+    allocator's peaks (``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``, capped
+    at ``budget_bytes`` with ``set_per_process_memory_fraction``; an out-of-memory error is
+    caught and reported); on CPU only the time (no allocator statistics)."""
+    import time
+
+    from .memory import catch_oom, cuda_peak, mib
+
+    device = torch.device(device)
+    tiles = -(-n // owned)
+    cuda = device.type == "cuda"
+    row: dict[str, Any] = {"N": n, "slabs": tiles, "streamed": stream}
+    if cuda and budget_bytes is not None:
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total), device)
+    try:
+        with catch_oom(verbose=False) as oom:
+            torch.manual_seed(0)
+            model = _limit_net().to(device)
+            where = torch.device("cpu") if stream else device
+            x = torch.randn(1, 1, n, n, n, device=where)
+            target = torch.randn(1, 1, n, n, n, device=where)
+            if stream and cuda:
+                x, target = x.pin_memory(), target.pin_memory()
+            t0 = time.perf_counter()
+            if cuda:
+                peak = cuda_peak(lambda: tiled_step(model, x, target, tiles, stream=stream), baseline=False)
+                row.update({"peak allocated MiB": round(mib(peak.peak_allocated)),
+                            "peak reserved MiB": round(mib(peak.peak_reserved))})
+            else:
+                tiled_step(model, x, target, tiles, stream=stream)
+            row["step s"] = round(time.perf_counter() - t0, 2)
+        row["fits"] = oom.ok
+        if not oom.ok:
+            row["error"] = oom.explanation.splitlines()[0]
+    finally:
+        if cuda and budget_bytes is not None:
+            torch.cuda.set_per_process_memory_fraction(1.0, device)
+        if cuda:
+            torch.cuda.empty_cache()
+    return row
+
+
+def measure_seed003_cuda(budget_bytes: int, margin_bytes: int = 256 * 2**20):
+    """On a CUDA GPU capped at ``budget_bytes``: seed 003's tiled step at the predicted largest
+    N, at the largest N with ``margin_bytes`` left for cuDNN's workspaces (which the prediction
+    does not see), and streamed from pinned host memory (slabs owning 32 depth voxels) where
+    this machine's host memory holds the volume twice over. One row each, with the prediction
+    beside the measurement (``torch.cuda.max_memory_allocated``)."""
+    import os
+
+    import pandas as pd
+
+    from .limit_test import input_bytes
+    from .memory import mib, require_cuda
+
+    require_cuda("measure_seed003_cuda")
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    cases = [("volume on the device", largest_tiled_n(budget_bytes, start=256), 1, False),
+             (f"on the device, {mib(margin_bytes):.0f} MiB margin",
+              largest_tiled_n(budget_bytes - margin_bytes, start=256), 1, False),
+             ("streamed from host", largest_tiled_n(budget_bytes, owned=32, stream=True, start=256), 32, True)]
+    rows = []
+    for label, n, owned, stream in cases:
+        predicted = predict_tiled_step(_limit_net, n, -(-n // owned), stream=stream).peak
+        if stream and 2 * 2 * input_bytes(n) > host:
+            rows.append({"case": label, "N": n, "predicted MiB": round(mib(predicted)),
+                         "fits": None, "error": f"skipped: needs {2 * 2 * input_bytes(n) / 2**30:.0f} GiB "
+                         f"of host memory, this machine has {host / 2**30:.0f}"})
+            continue
+        row = measure_tiled_step(n, owned, stream=stream, budget_bytes=budget_bytes)
+        rows.append({"case": label, "predicted MiB": round(mib(predicted)), **row})
+    return pd.DataFrame(rows).fillna("")

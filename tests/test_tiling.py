@@ -242,7 +242,7 @@ def test_spatial_parallel_refuses_slabs_thinner_than_a_layers_halo(spatial):
 
 
 # -- memory: seed 003 past N = 700 ---------------------------------------------------------------
-@pytest.mark.parametrize("tiles, stream", [(5, False), (7, True)])
+@pytest.mark.parametrize("tiles, stream", [(5, False), (7, True), (32, False), (31, True)])
 def test_prediction_runs_representative_slabs_and_matches_real_tensors(tiles, stream):
     some = predict_tiled_step(LimitTestNet, 32, tiles, stream=stream)
     every = predict_tiled_step(LimitTestNet, 32, tiles, stream=stream, all_tiles=True)
