@@ -10,8 +10,10 @@ Two ways to get the neighbour's voxels (``config["exchange"]``):
 
 * ``"per_layer"`` (the default, what spatially parallel 3D U-Net trainings do): before every
   convolution of radius r, each rank sends its r outermost layers to each neighbour and
-  receives theirs (``HaloExchange``), then convolves without padding along the split axis. No
-  voxel is computed twice; the price is one small message pair per convolution in forward and
+  receives theirs (``HaloExchange``), then convolves without padding along the split axis
+  (``conv_with_halos``: the interior from the slab alone, the r output voxels at each end from a
+  thin piece with the halo, so that no padded copy of the whole slab is kept). No voxel is
+  computed twice; the price is one small message pair per convolution in forward and
   one in backward, where the adjoint of the exchange sends the halo's gradient back to its
   owner, which adds it to its own. The activations on each rank are exactly its slab, so
   BatchNorm's statistics are its per-channel sums, all-reduced (differentiably) over ranks.

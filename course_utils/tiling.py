@@ -844,9 +844,11 @@ def fewest_tiles(n: int, budget_bytes: int, build_model: Callable[[], nn.Module]
 # --------------------------------------------------------------------------------------------
 def draw_tiles(shape: Sequence[int], tiles: int | Sequence[int], halo: int | Sequence[int],
                ax=None, title: str | None = None, label: str = "slab"):
-    """A 2D slice of the volume (rows: depth D, columns: height H) cut into slabs: each slab's
-    owned voxels filled, the region it reads (owned + halo, clipped at the border) dashed, the
-    volume's border in black. ``label="rank"`` names the slabs as ranks (spatial parallelism)."""
+    """A 2D slice of the volume (rows: depth D, columns: height H) cut into slabs, each slab's
+    owned voxels filled in its colour, the volume's border in black. What each slab reads
+    (owned + halo, clipped at the border): for slabs along depth, a bar per slab beside the
+    slice, solid where it owns and hatched over the halo it reads from its neighbours; for a
+    grid of blocks, a dashed frame. ``label="rank"`` names the slabs as ranks."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch, Rectangle
@@ -855,27 +857,38 @@ def draw_tiles(shape: Sequence[int], tiles: int | Sequence[int], halo: int | Seq
         _, ax = plt.subplots(figsize=(8, 4.2), layout="constrained")
     plan = plan_tiles(shape, tiles, halo)
     colours = plt.get_cmap("tab10").colors
+    depth_only = all(t.own[1] == slice(0, shape[1]) for t in plan)
+    bar_w, gap = max(1.0, shape[1] / 12), max(1.0, shape[1] / 20)
     for k, tile in enumerate(plan):
         c = colours[k % len(colours)]
         (d0, d1), (h0, h1) = [(s.start, s.stop) for s in tile.own]
         (rd0, rd1), (rh0, rh1) = [(s.start, s.stop) for s in tile.read]
-        ax.add_patch(Rectangle((h0, d0), h1 - h0, d1 - d0, color=c, alpha=0.35, lw=0))
-        inset = 0.12 * (k % 3)  # overlapping read regions stay distinguishable
-        ax.add_patch(Rectangle((rh0 + inset, rd0 + inset), rh1 - rh0 - 2 * inset,
-                               rd1 - rd0 - 2 * inset, fill=False, ec=c, ls="--", lw=1.6))
-        split_h = len(plan) > 1 and any(t.own[1] != plan[0].own[1] for t in plan)
-        text = f"{label} {k}\nowns D {d0}-{d1 - 1}" + (f"\n  H {h0}-{h1 - 1}" if split_h else "")
-        text += f"\nreads D {rd0}-{rd1 - 1}" + (f"\n  H {rh0}-{rh1 - 1}" if split_h else "")
+        ax.add_patch(Rectangle((h0, d0), h1 - h0, d1 - d0, color=c, alpha=0.4, lw=0))
+        text = f"{label} {k}\nowns D {d0}-{d1 - 1}" + ("" if depth_only else f"\n  H {h0}-{h1 - 1}")
+        text += f"\nreads D {rd0}-{rd1 - 1}" + ("" if depth_only else f"\n  H {rh0}-{rh1 - 1}")
         ax.text((h0 + h1) / 2, (d0 + d1) / 2, text, ha="center", va="center", fontsize=8)
+        if depth_only:
+            x = shape[1] + gap + k * (bar_w + gap / 2)
+            ax.add_patch(Rectangle((x, d0), bar_w, d1 - d0, color=c, alpha=0.8, lw=0))
+            for a, b in ((rd0, d0), (d1, rd1)):
+                if b > a:
+                    ax.add_patch(Rectangle((x, a), bar_w, b - a, fill=False, ec=c, hatch="////", lw=1))
+            ax.text(x + bar_w / 2, rd1 + 0.3, str(k), ha="center", va="top", fontsize=7)
+        else:
+            inset = 0.12 * (k % 3)  # overlapping frames stay distinguishable
+            ax.add_patch(Rectangle((rh0 + inset, rd0 + inset), rh1 - rh0 - 2 * inset,
+                                   rd1 - rd0 - 2 * inset, fill=False, ec=c, ls="--", lw=1.6))
     ax.add_patch(Rectangle((0, 0), shape[1], shape[0], fill=False, ec="k", lw=2.2))
     pad = max(_as_halo(halo, 2)) + 1
-    ax.set_xlim(-pad, shape[1] + pad)
+    right = shape[1] + (gap + len(plan) * (bar_w + gap / 2) if depth_only else 0) + pad
+    ax.set_xlim(-pad, right)
     ax.set_ylim(shape[0] + pad, -pad)
     ax.set_aspect("equal")
-    ax.set_xlabel("H (voxels)")
+    ax.set_xlabel("H (voxels)" + (f"; beside the slice: what each {label} reads" if depth_only else ""))
     ax.set_ylabel("D (voxels)")
-    ax.legend(handles=[Patch(color="grey", alpha=0.35, label="owned: loss computed here"),
-                       Line2D([], [], color="grey", ls="--", label="read: owned + halo"),
+    read = (Patch(fill=False, hatch="////", ec="grey", label="halo read from the neighbours")
+            if depth_only else Line2D([], [], color="grey", ls="--", label="read: owned + halo"))
+    ax.legend(handles=[Patch(color="grey", alpha=0.4, label="owned: loss computed here"), read,
                        Line2D([], [], color="k", lw=2.2, label="volume border (zero padding)")],
               loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8)
     ax.set_title(title or f"{len(plan)} {label}s, halo {halo}")
@@ -979,7 +992,8 @@ def draw_memory_vs_n(budget_bytes: int, ns: Sequence[int] | None = None, ax=None
     ax.set_ylabel("step peak, MiB (MemTracker under FakeTensorMode)")
     for label, n in (marks or {}).items():
         ax.axvline(n, color="grey", ls="--", lw=0.8)
-        ax.text(n, mib(budget_bytes) / 3, f" {label}\n N = {n}", fontsize=8, va="top")
+        ax.text(n, 0.02, f" {label}\n N = {n}", fontsize=8, va="bottom",
+                transform=ax.get_xaxis_transform())
     ax.set_title("seed 003: slabs owning 1 depth voxel each")
     ax.legend(fontsize=8, loc="upper left")
     return ax

@@ -278,8 +278,30 @@ def test_seed003_tiled_passes_700_and_the_untiled_limit():
 
 def test_drawings():
     ax = draw_tiles((24, 16), 3, 3)
-    assert len(ax.patches) == 2 * 3 + 1  # owned + read per slab, the border
+    # per slab: owned area, owned bar, one halo (border slabs) or two; the volume's border
+    assert len(ax.patches) == 3 * 2 + (1 + 2 + 1) + 1
+    ax = draw_tiles((24, 16), (2, 2), 3)
+    assert len(ax.patches) == 4 * 2 + 1  # owned area and a dashed frame per block; the border
     ax = draw_shrinking(LimitTestNet(), 16, 3, 1)
     assert [round(p.get_width()) for p in ax.patches[::2]] == [11, 9, 7, 5]
     import matplotlib.pyplot as plt
     plt.close("all")
+
+
+def test_measure_runs_the_real_step_on_cpu():
+    from course_utils.tiling import measure_tiled_step
+
+    row = measure_tiled_step(16, 4, device="cpu")
+    assert row["fits"] and row["slabs"] == 4 and "peak allocated MiB" not in row  # no allocator on CPU
+
+
+@pytest.mark.gpu
+def test_tiled_step_on_cuda_matches_the_prediction():
+    from course_utils.tiling import measure_tiled_step
+
+    n = 256
+    predicted = predict_tiled_step(LimitTestNet, n, n // 4).peak / 2**20
+    row = measure_tiled_step(n, 4, device="cuda")
+    assert row["fits"]
+    # the allocator rounds blocks and cuDNN may take a workspace: within 10 % above, never below
+    assert predicted * 0.98 <= row["peak allocated MiB"] <= predicted * 1.1
