@@ -266,11 +266,13 @@ def simulate(events: list[tuple[int, int]], limit: int | None = None,
 
 
 def trace_step(build_model: Callable[[], Any], input_shape: tuple[int, ...], *,
-               dtype: torch.dtype = torch.float32, n_classes: int = 5, steps: int = 2):
+               dtype: torch.dtype = torch.float32, n_classes: int = 5, steps: int = 2,
+               target_shape: tuple[int, ...] | None = None, optimizer: bool = True):
     """The allocation events of ``steps`` training steps (``train.training_step``, Adam) of the
-    model ``build_model()`` builds, under FakeTensorMode: any size, on a CPU. Returns
-    ``(resident, events, step_starts)``: what exists before (weights, batch), the events, and the
-    index of the first event of each step."""
+    model ``build_model()`` builds, under FakeTensorMode: any size, on a CPU. The target is class
+    indices (cross-entropy), or with ``target_shape`` a float tensor (MSE, as in seed 003).
+    Returns ``(resident, events, step_starts)``: what exists before (weights, batch), the
+    events, and the index of the first event of each step."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from .memory import LiveBytes, default_dtype
@@ -279,8 +281,11 @@ def trace_step(build_model: Callable[[], Any], input_shape: tuple[int, ...], *,
     with default_dtype(dtype), FakeTensorMode():
         model = build_model()
         x = torch.randn(input_shape)
-        y = torch.randint(0, n_classes, (input_shape[0], *input_shape[2:]))
-        opt = torch.optim.Adam(model.parameters(), foreach=True)
+        if target_shape is None:
+            y, loss_fn = torch.randint(0, n_classes, (input_shape[0], *input_shape[2:])), torch.nn.functional.cross_entropy
+        else:
+            y, loss_fn = torch.randn(target_shape), torch.nn.functional.mse_loss
+        opt = torch.optim.Adam(model.parameters(), foreach=True) if optimizer else None
         with LiveBytes(trace=True) as live:
             live.track(model, x, y)
             resident = list(live.events)
@@ -288,7 +293,7 @@ def trace_step(build_model: Callable[[], Any], input_shape: tuple[int, ...], *,
             starts = []
             for _ in range(steps):
                 starts.append(len(live.events))
-                training_step(model, x, y, opt)
+                training_step(model, x, y, opt, loss_fn=loss_fn)
     return resident, list(live.events), starts
 
 

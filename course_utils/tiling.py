@@ -754,7 +754,7 @@ def predict_tiled_step(
     right). Returns a ``memory.Prediction``."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from .memory import Prediction, _make_optimizer, default_dtype
+    from .memory import Prediction, _make_optimizer, default_dtype, prime_optimizer
 
     _TiledLog = _tiled_log_class()
 
@@ -775,10 +775,7 @@ def predict_tiled_step(
         n_tiles = math.prod(_as_counts(tiles, len(shape), 0))
         opt = _make_optimizer(optimizer, model)
         if opt is not None:  # steady state: the optimizer's state exists before the step
-            for p in model.parameters():
-                p.grad = torch.zeros_like(p)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            prime_optimizer(model, opt)
         log = _TiledLog(model, cuda=False, module_peaks=False)
         log.track_external(model, x, target, *([opt] if opt else []))
         with log:
@@ -796,7 +793,8 @@ def predict_tiled_step(
     how = "MemTracker under FakeTensorMode" if fake else "MemTracker on real CPU tensors"
     where = "volume streamed from host memory" if stream else "volume and target on the device"
     return Prediction(peak=peak, breakdown=breakdown, saved_peak=log.saved.peak,
-                      parameters=sum(p.numel() for p in model.parameters()), log=log,
+                      after_forward=log.after_forward or {}, steady_state=opt is not None,
+                      target="cpu", parameters=sum(p.numel() for p in model.parameters()), log=log,
                       method=f"{'predicted' if fake else 'measured'} ({how}), tiled step, "
                              f"{n_tiles} slabs, {where}")
 

@@ -269,9 +269,9 @@ def test_resident_volume_and_streaming():
 def test_seed003_tiled_passes_700_and_the_untiled_limit():
     budget = 8 * GiB
     tiled = largest_tiled_n(budget)
-    untiled = predict_step(LimitTestNet, (1, 1, 415, 415, 415), (1, 1, 415, 415, 415),
+    untiled = predict_step(LimitTestNet, (1, 1, 410, 410, 410), (1, 1, 410, 410, 410),
                            optimizer=None, module_peaks=False).peak
-    assert untiled <= budget  # the untiled limit, ~415, for comparison
+    assert untiled <= budget  # the untiled limit, 410 (notebook 03), for comparison
     assert tiled >= 700
     assert 2 * input_bytes(tiled) <= budget < 2 * input_bytes(1025)  # input + target bound it
 
