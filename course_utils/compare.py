@@ -167,3 +167,31 @@ def step_time(build: Callable[[], nn.Module], input_shape: tuple[int, ...], *, n
         if i:
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def plot_timelines(logs: dict, ax=None, title: str = "", window: tuple[int, int] | None = None):
+    """Live tensor bytes at every hook of several ``MemoryLog``s of the same net (the events
+    line up), each with its true peak as a dashed line; ``window`` zooms to events [a, b)."""
+    import matplotlib.pyplot as plt
+
+    from .memory import mib
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 3.4))
+    for (name, log), color in zip(logs.items(), ("#4c72b0", "#dd8452", "#55a868", "#c44e52")):
+        rows = log.rows[slice(*window)] if window else log.rows
+        ax.plot([r.event for r in rows], [mib(r.tracked) for r in rows], color=color, label=name)
+        module, phase = log.peak_location
+        ax.axhline(mib(log.peak), color=color, ls="--", lw=0.8)
+        ax.text(0.01, mib(log.peak), f" peak {mib(log.peak):,.0f} MiB, {module} ({phase})", color=color,
+                fontsize=7, va="bottom", transform=ax.get_yaxis_transform())
+    first = next(iter(logs.values()))
+    bw = next((r.event for r in first.rows if r.hook.startswith("bwd")), None)
+    if bw is not None:
+        ax.axvline(bw, color="grey", lw=0.8)
+        ax.text(bw, 0.02, " backward starts", fontsize=8, transform=ax.get_xaxis_transform())
+    ax.set_xlabel("hook event")
+    ax.set_ylabel("live tensors, MiB")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8, loc="lower right")
+    return ax
