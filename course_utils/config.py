@@ -83,7 +83,17 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
     """``None`` -> CUDA if available else CPU. Asking for CUDA without one is an error."""
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device {device!r} is not a device name ({err}). Fix: use 'cpu', 'cuda' "
+                         "or 'cuda:N', or leave it out to pick CUDA when present.") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(
+            f"device {str(device)!r}: the course runs on 'cpu' or 'cuda' only (its memory figures "
+            "are CUDA's allocator or CPU tensors; 'mps', 'meta' and others are not supported). "
+            "Fix: setup(device='cpu') or setup(device='cuda')."
+        )
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(
             f"device {str(device)!r} was requested but torch.cuda.is_available() is False "

@@ -229,6 +229,15 @@ class UNet3D(nn.Module):
                 f"level keeps one voxel. Fix: crop/pad to >= {self.min_size} per side, or use "
                 f"fewer levels."
             )
+        deepest = x.shape[0] * math.prod(s // self.min_size for s in x.shape[2:])
+        norms = any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in self.modules())
+        if norms and deepest < 2 and torch.is_grad_enabled():
+            raise ValueError(
+                f"input {tuple(x.shape)}: at the deepest level each channel has a single value "
+                f"(batch {x.shape[0]} x {tuple(s // self.min_size for s in x.shape[2:])} voxels), and "
+                "BatchNorm in training mode needs more than one to compute a variance. Fix: a batch "
+                f"of 2 or more, a volume of at least {2 * self.min_size} along one side, or model.eval()."
+            )
 
     def _run(self, block: nn.Module, *args: torch.Tensor) -> torch.Tensor:
         if self.checkpoint_levels and torch.is_grad_enabled():

@@ -143,3 +143,56 @@ def test_training_reduces_the_loss():
                  progress=False)
     assert len(hist.loss) == 15
     assert sum(hist.loss[-3:]) / 3 < sum(hist.loss[:3]) / 3
+
+
+# -- bad input: errors that name the fix, raised where the mistake is made --------------------
+@pytest.mark.parametrize("device", ["mps", "meta", "xla", "gpu"])
+def test_unsupported_devices_are_refused_clearly(device):
+    with pytest.raises(ValueError, match="Fix: "):
+        setup(device=device, verbose=False)
+
+
+def test_course_size_is_normalised(monkeypatch):
+    monkeypatch.setenv("COURSE_SIZE", "  Tiny ")
+    assert setup(device="cpu", verbose=False).preset.name == "tiny"
+
+
+def test_batch_one_at_the_minimum_size_is_refused_before_batchnorm_fails():
+    net = UNet3D(levels=3, channels=4)
+    with pytest.raises(ValueError, match="BatchNorm in training mode needs more than one"):
+        net(torch.randn(1, 1, 4, 4, 4))
+    net(torch.randn(2, 1, 4, 4, 4))  # two values per channel: fine
+    net(torch.randn(1, 1, 8, 4, 4))  # two deepest voxels: fine
+    net.eval()
+    net(torch.randn(1, 1, 4, 4, 4))  # eval mode uses the running statistics
+
+
+def test_count_parameters_frozen():
+    net = UNet3D(levels=3, channels=4)
+    total = sum(p.numel() for p in net.parameters())
+    net.inc.requires_grad_(False)
+    frozen = sum(p.numel() for p in net.inc.parameters())
+    assert count_parameters(net) == total - frozen
+    assert count_parameters(net, trainable_only=False) == total
+
+
+def test_train_refuses_bad_steps_and_reads_generators_lazily():
+    net = UNet3D(levels=3, channels=4)
+    batch = (torch.randn(2, 1, 8, 8, 8), torch.randint(0, 5, (2, 8, 8, 8)))
+    for steps in (0, -3, 2.5):
+        with pytest.raises(ValueError, match="steps must be"):
+            train(net, [batch], steps=steps, progress=False)
+
+    def endless():
+        while True:
+            yield batch
+    hist = train(net, endless(), steps=3, progress=False)  # used to hang in list(batches)
+    assert len(hist.loss) == 3
+    with pytest.raises(ValueError, match="batches is empty"):
+        train(net, iter([]), steps=1, progress=False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_train_on_cuda_without_a_gpu_names_the_fix():
+    with pytest.raises(RuntimeError, match="Fix"):
+        train(UNet3D(levels=3, channels=4), [], steps=1, device="cuda", progress=False)
