@@ -324,6 +324,15 @@ def explorer(start: Config = Config()):
 
     for c in ctl.values():
         c.observe(update, names="value")
+    # a static picture of the starting configuration, as a plain output: it stays readable in a
+    # saved notebook, where the widget below shows nothing once the kernel is gone
+    from IPython.display import Markdown
+
+    display(Markdown("**The starting configuration, drawn once** (a static copy that survives "
+                     "saving the notebook; the controls below are live while the kernel runs):"))
+    fig, ax = plt.subplots(figsize=(8, 2.2))
+    plot(estimate(start), ax)
+    plt.show()
     update()
     rows = [w.HBox([ctl[k] for k in keys]) for keys in
             (("levels", "base_channels", "precision"), ("d", "h", "w"), ("batch", "dp_ranks", "budget_gib"),
