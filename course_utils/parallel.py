@@ -982,6 +982,14 @@ def replay_schedule(durations: Sequence[dict[tuple[str, int], float]], kind: str
             "in_flight": [in_flight(o) for o in orders]}
 
 
+def unit_durations(stages: int, micro_batches: int, forward: float = 1.0,
+                   backward: float = 2.0) -> list[dict[tuple[str, int], float]]:
+    """Equal stages, every forward ``forward`` and every backward ``backward`` long (a backward
+    costs about two forwards): the durations of the textbook schedules."""
+    one = {**{("F", i): forward for i in range(micro_batches)}, **{("B", i): backward for i in range(micro_batches)}}
+    return [dict(one) for _ in range(stages)]
+
+
 def replay_timelines(timelines: Sequence[list[tuple[str, int, float, float]]], kind: str = "gpipe") -> dict:
     """``replay_schedule`` with the op durations the ranks measured (their ``timeline``s)."""
     return replay_schedule([{(k, i): e - s for k, i, s, e in tl} for tl in timelines], kind)
@@ -1153,6 +1161,14 @@ def pipelining_worker(rank: int, world: int, device: torch.device, config: dict)
     return {"rank": rank, "micro_batches": m, "schedules": results}
 
 
+def stage_parameters(model: UNet3D) -> dict[int, int]:
+    """Number of parameters of each stage (0: encoder, 1: decoder) of a split U-Net."""
+    params = {0: 0, 1: 0}
+    for name, p in model.named_parameters():
+        params[stage_of(name)] += p.numel()
+    return params
+
+
 def stage_saved_bytes(prediction) -> dict[int, int]:
     """Saved-for-backward bytes of each stage of a split U-Net, from a ``predict_step`` result:
     its modules' share (``per_module_saved``); what no module saved (the loss) goes to the last
@@ -1179,11 +1195,8 @@ def pipeline_layouts(build: Callable[[], UNet3D], volume: Sequence[int], global_
     from .memory import predict_step
 
     with torch.device("meta"):
-        model = build()
+        params = stage_parameters(build())
     value_bytes = torch.empty((), dtype=dtype).element_size()
-    params = {0: 0, 1: 0}
-    for name, p in model.named_parameters():
-        params[stage_of(name)] += p.numel()
     static = {s: 4 * n * value_bytes for s, n in params.items()}
     saved_by_batch: dict[int, dict[int, int]] = {}
     rows = []

@@ -22,6 +22,21 @@ CATEGORIES: dict[str, tuple[str, str]] = {
 }
 
 
+#: MemTracker's categories (``Prediction.breakdown``) -> the categories drawn here
+_TRACKER = {"Parameter": "params", "Buffer": "params", "Gradient": "grads", "Optstate": "optimizer",
+            "Activation": "activations", "Temp": "activations", "Other": "activations", "Inputs": "activations"}
+
+
+def breakdown_parts(breakdown: dict[str, float]) -> dict[str, float]:
+    """A predicted breakdown (MemTracker's categories) in the categories of ``plot_rank_memory``:
+    activations include temporaries and the input."""
+    parts: dict[str, float] = {}
+    for key, nbytes in breakdown.items():
+        if key in _TRACKER:
+            parts[_TRACKER[key]] = parts.get(_TRACKER[key], 0) + nbytes
+    return parts
+
+
 def _unit(largest: float) -> tuple[str, float]:
     for name, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if largest >= size:
@@ -81,10 +96,12 @@ def plot_schedule(panels: Sequence[tuple[str, list[list[tuple[str, int, float, f
         axes = axes[:, 0]
     for ax, (title, ops) in zip(axes, panels):
         end = max(stop for stage in ops for *_, stop in stage)
+        labelled = False
         for s, stage in enumerate(ops):
             for start, stop in _idle(stage, end):
                 ax.barh(s, stop - start, left=start, color="0.9", hatch="xx", edgecolor="0.6", linewidth=0.3,
-                        label="idle (bubble)" if s == 0 else None)
+                        label=None if labelled else "idle (bubble)")
+                labelled = True
             for kind, i, start, stop in stage:
                 ax.barh(s, stop - start, left=start, color="tab:blue" if kind == "F" else "tab:orange",
                         edgecolor="k", linewidth=0.5)
@@ -111,15 +128,20 @@ def plot_layouts(rows: Sequence[dict], ax=None, title: str | None = None):
         _, ax = plt.subplots(figsize=(10, 3.8))
     largest = max(r["total (GPipe)"] for r in rows)
     unit, size = _unit(largest)
-    labels = [f"{r['dp']}x{r['pp']}: {r['GPU holds']}" for r in rows]
+    labels = [f"{r['dp']} x {r['pp']}: {r['GPU holds']}" for r in rows]
     xs = range(len(rows))
     static = [r["params + grads + Adam"] / size for r in rows]
     ax.bar(xs, static, color="tab:green", label="params + grads + Adam")
-    ax.bar([x - 0.2 for x in xs], [r["activations (GPipe)"] / size for r in rows], width=0.4, bottom=static,
-           color="tab:red", label="activations, GPipe")
-    ax.bar([x + 0.2 for x in xs], [r["activations (1F1B)"] / size for r in rows], width=0.4, bottom=static,
-           color="salmon", hatch="//", edgecolor="k", linewidth=0.3, label="activations, 1F1B")
+    piped = [x for x, r in zip(xs, rows) if r["pp"] > 1]
+    shift = [0.2 if r["pp"] > 1 else 0.0 for r in rows]
+    ax.bar([x - d for x, d in zip(xs, shift)], [r["activations (GPipe)"] / size for r in rows],
+           width=[0.4 if d else 0.8 for d in shift], bottom=static, color="tab:red",
+           label="activations (no pipeline, or GPipe)")
+    ax.bar([x + 0.2 for x in piped], [rows[x]["activations (1F1B)"] / size for x in piped], width=0.4,
+           bottom=[static[x] for x in piped], color="salmon", hatch="//", edgecolor="k", linewidth=0.3,
+           label="activations, 1F1B")
     ax.set_xticks(list(xs), labels, rotation=20, ha="right", fontsize=8)
+    ax.set_xlabel("layout: data-parallel replicas x pipeline stages, and what the GPU holds")
     ax.set_ylabel(f"{unit} per GPU (estimate)")
     ax.legend(loc="upper right", fontsize=8)
     if title:
