@@ -58,6 +58,8 @@ from .memory import SavedTensorMeter
 from .unet import UNet3D
 
 COLLECTIVE_TIMEOUT_S = 60
+# process groups and SIGUSR1 stack dumps (Linux, macOS); elsewhere launch only kills the ranks
+_POSIX = hasattr(os, "setsid") and hasattr(signal, "SIGUSR1")
 
 # --------------------------------------------------------------------------------------------
 # Launching
@@ -66,7 +68,7 @@ COLLECTIVE_TIMEOUT_S = 60
 # "a collective gave up waiting" (the peer it waited for may be the cause: it may have hung).
 _PEER_GONE = ("closed by peer", "Connection reset", "Broken pipe", "Connection refused",
               "ECONNRESET", "EPIPE")
-_TIMED_OUT = ("Timed out", "timed out", "Timeout", "timeout")
+_TIMED_OUT = ("Timed out waiting", "timed out", "Watchdog caught collective operation timeout")
 _SIGNAL_HINTS = {
     "SIGKILL": "the kernel's out-of-memory killer sends SIGKILL when the machine runs out of "
                "RAM; so does `kill -9`",
@@ -192,7 +194,8 @@ def _entry(rank: int, world_size: int, port: int, worker_ref: tuple[str, str], c
     stdout/stderr into files (``launch`` prints them, one line at a time, prefixed with the rank),
     a Python stack dump on SIGUSR1 (to say where a hung rank is), the result or the traceback
     saved for ``launch``."""
-    os.setsid()
+    if _POSIX:
+        os.setsid()
     base = Path(out) / f"rank{rank}"
     for fd, suffix in ((1, ".out"), (2, ".err")):
         f = os.open(f"{base}{suffix}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -202,8 +205,9 @@ def _entry(rank: int, world_size: int, port: int, worker_ref: tuple[str, str], c
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     faulthandler.enable(file=sys.stderr)  # SIGSEGV & co: the Python stack goes to the rank's stderr
     stack_file = open(f"{base}.stack", "w")
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
-    threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
+    if _POSIX:
+        faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+        threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
     result_path = base.with_suffix(".pt")
     code = 0
     try:
@@ -301,15 +305,18 @@ def _where(frames: list[str]) -> tuple[str, bool]:
 
 def _dump_stacks(procs: list, out: str) -> dict[int, list[str]]:
     """Ask each live rank for its Python stack (SIGUSR1 -> faulthandler) and read it."""
-    asked = {}
+    asked: dict[int, Path] = {}
     for r, p in enumerate(procs):
+        if not _POSIX:
+            break
         if p.exitcode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p.pid, signal.SIGUSR1)
                 asked[r] = Path(out) / f"rank{r}.stack"
     end = time.monotonic() + 1.0
-    while asked and time.monotonic() < end and not all(
-            path.exists() and path.stat().st_size for path in asked.values()):
+    while time.monotonic() < end and any(  # a rank still starting dies of SIGUSR1: stop waiting for it
+            procs[r].exitcode is None and not (path.exists() and path.stat().st_size)
+            for r, path in asked.items()):
         time.sleep(0.02)
     time.sleep(0.05)
     return {r: _stack_of(_read(path)) for r, path in asked.items()}
@@ -324,8 +331,9 @@ def _stop(procs: list) -> set[int]:
             continue
         # the group p.pid exists only if the rank made it (os.setsid), and a pid stays reserved
         # while it names a group: this never reaches another process's group
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(p.pid, signal.SIGKILL)
+        if _POSIX:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
         if p.exitcode is None:
             with contextlib.suppress(ProcessLookupError):
                 p.kill()

@@ -36,7 +36,10 @@ def grandchild_worker(rank, world, device, config):
     Path(config["dir"], f"child{rank}").write_text(str(child.pid))
     if config["then"] == "raise":
         if rank == 1:
-            time.sleep(0.5)  # rank 0 has started its child too
+            peer = Path(config["dir"], "child0")
+            while not peer.exists():  # rank 0 has started its child too
+                time.sleep(0.05)
+            time.sleep(0.2)
             Path(config["dir"], "raised_at").write_text(repr(time.time()))
             raise RuntimeError("rank 1 failed after starting a process")
         time.sleep(120)

@@ -17,6 +17,9 @@ import launch_workers as lw
 from course_utils.parallel import LaunchError, LaunchTimeout, failing_worker, launch, stuck_worker
 
 
+LINUX = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+
+
 def _children_state() -> dict[int, str]:
     """pid -> state of every process whose parent is this one (Z: a zombie nobody reaped)."""
     me, out = os.getpid(), {}
@@ -62,6 +65,7 @@ def test_a_hung_rank_is_blamed_not_the_peer_that_timed_out():
     assert "rank 0 gave up waiting for it in a collective after 3 s" in str(err)
 
 
+@LINUX
 def test_past_the_deadline_the_hung_rank_is_named_and_nothing_survives(tmp_path):
     with pytest.raises(LaunchTimeout, match="did not finish within 20 s") as info:
         launch(lw.grandchild_worker, 2, {"dir": str(tmp_path), "then": "hang"}, timeout_s=20)
@@ -75,6 +79,7 @@ def test_past_the_deadline_the_hung_rank_is_named_and_nothing_survives(tmp_path)
     assert not [pid for pid in pids if _running(pid)], "processes started by the workers outlived launch"
 
 
+@LINUX
 def test_a_failure_stops_every_rank_at_once_and_nothing_survives(tmp_path):
     # rank 1 raises while rank 0 computes: launch stops rank 0 at once (no SIGTERM grace period)
     # and kills what both ranks started
