@@ -1,35 +1,53 @@
-"""Parallelism on CPU with gloo, 2 processes: DDP, accumulation, FSDP2, the split U-Net, the
-GPipe pipeline, and failures that surface as errors instead of hangs."""
+"""Parallelism on CPU with gloo, 2 processes: DDP, accumulation, BatchNorm across replicas,
+FSDP2 at rest and at work, the split U-Net, pipelines (GPipe and 1F1B, hand-written and
+torch.distributed.pipelining). Launch failures: tests/test_parallel_launch.py; the GPU-only
+branches: tests/test_parallel_gpu_paths.py."""
 
 import pytest
 import torch
 
 from course_utils import UNet3D
 from course_utils.parallel import (
-    TwoStageUNet, accumulated_grads, bubble_fraction, ddp_worker, failing_worker, fsdp_worker,
-    launch, pipeline_worker, relative_error as rel_error, single_process_grads, source_worker,
-    stuck_worker,
+    TwoStageUNet, accumulated_grads, build_net, bubble_fraction, ddp_worker,
+    fsdp_rank_memory, fsdp_units, fsdp_worker, in_flight, launch, launch_many, per_replica_bn_errors,
+    pipeline_worker, pipelining_worker, relative_error as rel_error, replay_schedule,
+    replay_timelines, schedule_order, single_process_grads, source_worker,
 )
 
 
 @pytest.fixture(scope="module")
-def ddp():
-    return {norm: launch(ddp_worker, 2, {"norm": norm}) for norm in ("bn", "cross_replica_bn")}
+def runs():
+    """Every 2-rank job of this file in one start of the processes."""
+    jobs = {"bn": (ddp_worker, {"norm": "bn"}), "xbn": (ddp_worker, {"norm": "cross_replica_bn"}),
+            "gn": (ddp_worker, {"norm": "gn"}), "fsdp": (fsdp_worker, {"norm": "gn"}),
+            "pipe": (pipeline_worker, {"norm": "gn", "runs": [{"micro_batches": 4, "schedule": "gpipe"},
+                                                              {"micro_batches": 4, "schedule": "1f1b"}]}),
+            "pipelining": (pipelining_worker, {"norm": "gn", "micro_batches": 4})}
+    return dict(zip(jobs, launch_many(list(jobs.values()), 2)))
 
 
-def test_ddp_with_cross_replica_bn_equals_single_process(ddp):
-    ranks = ddp["cross_replica_bn"]
+def test_ddp_with_cross_replica_bn_equals_single_process(runs):
+    ranks = runs["xbn"]
     assert all(torch.equal(a, b) for a, b in zip(ranks[0]["grads"], ranks[1]["grads"]))
     assert rel_error(ranks[0]["grads"], single_process_grads({"norm": "cross_replica_bn"})) < 1e-4
 
 
-def test_ddp_with_plain_bn_differs(ddp):
-    # each replica normalises with its own half-batch statistics: not the global batch's
-    assert rel_error(ddp["bn"][0]["grads"], single_process_grads({"norm": "bn"})) > 1e-2
+def test_ddp_with_plain_bn_is_accumulation_and_differs_from_the_global_batch(runs):
+    # each replica normalises with its own half-batch statistics: not the global batch's, but
+    # exactly what accumulating two micro-batches computes on one device
+    got = runs["bn"][0]["grads"]
+    assert rel_error(got, single_process_grads({"norm": "bn"})) > 1e-2
+    assert rel_error(got, accumulated_grads({"norm": "bn"}, 2)) < 1e-5
 
 
-def test_ddp_memory_is_replicated(ddp):
-    r0, r1 = ddp["bn"]
+def test_per_replica_bn_error_depends_on_the_seed():
+    errors = per_replica_bn_errors(range(4))
+    assert min(errors) > 1e-2
+    assert max(errors) > 1.2 * min(errors)  # one draw is not "the" error: a spread
+
+
+def test_ddp_memory_is_replicated(runs):
+    r0, r1 = runs["bn"]
     n_param_bytes = sum(p.numel() * 4 for p in UNet3D(3, 4).parameters())
     assert r0["param_bytes"] == r1["param_bytes"] == n_param_bytes
     assert r0["optimizer_bytes"] == 2 * n_param_bytes  # Adam: two moments
@@ -41,13 +59,38 @@ def test_gradient_accumulation():
     assert rel_error(accumulated_grads({"norm": "bn"}, 2), single_process_grads({"norm": "bn"})) > 1e-2
 
 
-def test_fsdp_shards_params_grads_and_optimizer_state(ddp):
-    r0, r1 = launch(fsdp_worker, 2, {"norm": "gn"})
-    full = ddp["bn"][0]
+def test_fsdp_shards_params_grads_and_optimizer_state_at_rest(runs):
+    r0, r1 = runs["fsdp"]
+    full = runs["gn"][0]
     for key in ("param_bytes", "grad_bytes", "optimizer_bytes"):
         assert r0[key] + r1[key] == pytest.approx(full[key], rel=0.01), key
         assert r0[key] < 0.6 * full[key], key
     assert rel_error(r0["grads"], single_process_grads({"norm": "gn"})) < 1e-4
+
+
+def test_fsdp_working_memory_is_the_shard_plus_the_gathered_unit(runs):
+    # while a unit runs, its full parameters are gathered on every rank: measured by
+    # FSDPMemTracker, predicted from the units' sizes
+    net = build_net({"norm": "gn"})
+    full = sum(p.numel() * 4 for p in net.parameters())
+    predicted = fsdp_rank_memory(net, fsdp_units(net), world=2)
+    for r in runs["fsdp"]:
+        assert r["working_param_bytes"] == pytest.approx(predicted["working params"], rel=0.01)
+        assert r["working_param_bytes"] > 0.75 * full > 1.4 * r["param_bytes"]
+
+
+def test_fsdp_rank_memory_of_seed000_on_8_ranks():
+    from course_utils import seed000_unet
+
+    with torch.device("meta"):
+        net = seed000_unet("large")
+    m = fsdp_rank_memory(net, fsdp_units(net), world=8)
+    n = 40_158_853
+    assert m["resting"] == pytest.approx(16 * n / 8)
+    largest = sum(p.numel() for p in net.downs[3].parameters())  # Down(512, 512)
+    assert m["working"] == pytest.approx(16 * n / 8 + 8 * largest + 4 * (n - sum(
+        sum(p.numel() for p in u.parameters()) for u in fsdp_units(net))))
+    assert 180 < m["working"] / 2**20 < 190 and 75 < m["resting"] / 2**20 < 78
 
 
 def test_two_stage_unet_equals_the_unsplit_model():
@@ -67,24 +110,54 @@ def test_two_stage_unet_equals_the_unsplit_model():
     assert staged.boundary_bytes == sum(2 * c * (8 // 2**i) ** 3 * 4 for i, c in enumerate((4, 8, 8)))
 
 
-def test_gpipe_pipeline_gradients_equal_single_process():
-    r0, r1 = launch(pipeline_worker, 2, {"norm": "gn", "micro_batches": 4})
-    assert rel_error(r0["grads"] + r1["grads"], single_process_grads({"norm": "gn"})) < 1e-4
-    kinds = [(k, i) for k, i, _, _ in r0["timeline"]]
-    assert kinds == [("F", i) for i in range(4)] + [("B", i) for i in reversed(range(4))]
-    assert bubble_fraction(2, 4) == pytest.approx(1 / 5)
+def test_schedules_order_and_micro_batches_in_flight():
+    assert schedule_order("gpipe", 0, 2, 3) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1), ("B", 2)]
+    assert schedule_order("1f1b", 0, 2, 4) == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1),
+                                               ("F", 3), ("B", 2), ("B", 3)]
+    assert schedule_order("1f1b", 1, 2, 4) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2),
+                                               ("B", 2), ("F", 3), ("B", 3)]
+    assert [in_flight(schedule_order("gpipe", s, 4, 8)) for s in range(4)] == [8, 8, 8, 8]
+    assert [in_flight(schedule_order("1f1b", s, 4, 8)) for s in range(4)] == [4, 3, 2, 1]
+    with pytest.raises(ValueError, match="choose one of"):
+        schedule_order("zero-bubble", 0, 2, 4)
 
 
-def test_worker_failure_is_a_clear_error():
-    with pytest.raises(RuntimeError, match="rank 1 failed on purpose"):
-        launch(failing_worker, 2, timeout_s=120)
-    with pytest.raises(RuntimeError, match="splits the U-Net in 2 stages"):
-        launch(pipeline_worker, 3, {})
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("stages, m", [(2, 1), (2, 4), (3, 4), (4, 8)])
+def test_replayed_balanced_schedule_has_the_textbook_bubble(kind, stages, m):
+    unit = [{**{("F", i): 1.0 for i in range(m)}, **{("B", i): 2.0 for i in range(m)}} for _ in range(stages)]
+    sim = replay_schedule(unit, kind)
+    assert sim["step_s"] == pytest.approx(3 * (m + stages - 1))
+    assert sim["idle"] == pytest.approx([bubble_fraction(stages, m)] * stages)
 
 
-def test_a_stuck_worker_times_out():
-    with pytest.raises(TimeoutError, match="did not finish within 15 s"):
-        launch(stuck_worker, 2, {"sleep_s": 120}, timeout_s=15)
+def test_pipelines_give_the_single_process_gradients_and_1f1b_holds_less(runs):
+    r0, r1 = runs["pipe"]
+    ref = single_process_grads({"norm": "gn"})
+    for a, b in zip(r0["runs"], r1["runs"]):
+        assert rel_error(a["grads"] + b["grads"], ref) < 1e-4, a["schedule"]
+        assert [(k, i) for k, i, _, _ in a["timeline"]] == schedule_order(a["schedule"], 0, 2, 4)
+        assert [(k, i) for k, i, _, _ in b["timeline"]] == schedule_order(b["schedule"], 1, 2, 4)
+    gpipe, one_f_one_b = r0["runs"]
+    # stage 1 holds 2 micro-batches of 4 under 1F1B, all 4 under GPipe
+    assert one_f_one_b["saved_peak"] == pytest.approx(gpipe["saved_peak"] / 2, rel=0.1)
+    assert r1["runs"][1]["saved_peak"] < 0.4 * r1["runs"][0]["saved_peak"]
+    sim = replay_timelines([gpipe["timeline"], r1["runs"][0]["timeline"]])
+    assert 0 < sim["step_s"] and all(0 <= v < 1 for v in sim["idle"])
+
+
+def test_torch_pipelining_schedules_agree_and_1f1b_holds_less(runs):
+    r0, r1 = runs["pipelining"]
+    ref = single_process_grads({"norm": "gn"})
+    for kind in ("gpipe", "1f1b"):
+        assert rel_error(r0["schedules"][kind]["grads"] + r1["schedules"][kind]["grads"], ref) < 1e-4
+    for r in (r0, r1):
+        assert r["schedules"]["1f1b"]["saved_peak"] < 0.8 * r["schedules"]["gpipe"]["saved_peak"]
+
+
+def test_pipeline_worker_needs_two_ranks():
+    with pytest.raises(ValueError, match="splits the U-Net in 2 stages"):
+        pipeline_worker(0, 3, torch.device("cpu"), {})
 
 
 def test_a_crash_at_exit_after_every_result_is_a_warning():

@@ -1,0 +1,149 @@
+"""Drawings for notebooks 08 and 09: what each rank holds, and a pipeline schedule with its bubble.
+
+* ``plot_rank_memory`` -- one stacked bar per rank (or per strategy): parameters, gradients,
+  optimizer state, parameters gathered for the running unit, activations;
+* ``plot_schedule``    -- one row per pipeline stage: forward and backward ops of each
+  micro-batch on a time axis, the idle time (the bubble) shaded;
+* ``plot_layouts``     -- per-GPU memory of data x pipeline parallel layouts.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+#: category -> (colour, hatch); the order is the stacking order
+CATEGORIES: dict[str, tuple[str, str]] = {
+    "params": ("tab:blue", ""),
+    "grads": ("tab:orange", ""),
+    "optimizer": ("tab:green", ""),
+    "gathered params": ("lightsteelblue", "//"),
+    "unsharded grads": ("navajowhite", "//"),
+    "activations": ("tab:red", ""),
+}
+
+
+#: MemTracker's categories (``Prediction.breakdown``) -> the categories drawn here
+_TRACKER = {"Parameter": "params", "Buffer": "params", "Gradient": "grads", "Optstate": "optimizer",
+            "Activation": "activations", "Temp": "activations", "Other": "activations", "Inputs": "activations"}
+
+
+def breakdown_parts(breakdown: dict[str, float]) -> dict[str, float]:
+    """A predicted breakdown (MemTracker's categories) in the categories of ``plot_rank_memory``:
+    activations include temporaries and the input."""
+    parts: dict[str, float] = {}
+    for key, nbytes in breakdown.items():
+        if key in _TRACKER:
+            parts[_TRACKER[key]] = parts.get(_TRACKER[key], 0) + nbytes
+    return parts
+
+
+def _unit(largest: float) -> tuple[str, float]:
+    for name, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if largest >= size:
+            return name, size
+    return "B", 1
+
+
+def plot_rank_memory(bars: Sequence[tuple[str, dict[str, float]]], ax=None, title: str | None = None):
+    """Horizontal stacked bars, one per ``(label, {category: bytes})``, categories from
+    ``CATEGORIES`` (missing ones are 0). The total is written at the end of each bar."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 0.6 * len(bars) + 1.6))
+    largest = max(sum(parts.values()) for _, parts in bars)
+    unit, size = _unit(largest)
+    labels = [label for label, _ in bars]
+    left = [0.0] * len(bars)
+    for cat, (colour, hatch) in CATEGORIES.items():
+        widths = [parts.get(cat, 0) / size for _, parts in bars]
+        if not any(widths):
+            continue
+        ax.barh(labels, widths, left=left, color=colour, hatch=hatch, edgecolor="k", linewidth=0.5, label=cat)
+        left = [a + b for a, b in zip(left, widths)]
+    for y, total in enumerate(left):
+        ax.text(total + 0.01 * largest / size, y, f"{total:,.1f} {unit}", va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.45 * largest / size)
+    ax.set_xlabel(unit)
+    ax.legend(loc="lower right", fontsize=8, framealpha=0.9)
+    if title:
+        ax.set_title(title, fontsize=10)
+    return ax
+
+
+def _idle(ops: list[tuple[str, int, float, float]], end: float) -> list[tuple[float, float]]:
+    """The gaps between a stage's ops, from 0 to ``end``."""
+    gaps, t = [], 0.0
+    for _, _, start, stop in sorted(ops, key=lambda o: o[2]):
+        if start > t:
+            gaps.append((t, start))
+        t = max(t, stop)
+    if end > t:
+        gaps.append((t, end))
+    return gaps
+
+
+def plot_schedule(panels: Sequence[tuple[str, list[list[tuple[str, int, float, float]]]]],
+                  xlabel: str = "seconds", axes=None):
+    """One panel per ``(title, ops)``, ``ops[s]`` = stage s's ``(kind, micro-batch, start, end)``.
+    Forwards blue, backwards orange, labelled F0, B0, ...; idle time shaded grey: the bubble."""
+    import matplotlib.pyplot as plt
+
+    if axes is None:
+        _, axes = plt.subplots(len(panels), 1, figsize=(10, 1.0 + 1.1 * sum(len(o) for _, o in panels)),
+                               squeeze=False)
+        axes = axes[:, 0]
+    for ax, (title, ops) in zip(axes, panels):
+        end = max(stop for stage in ops for *_, stop in stage)
+        labelled = False
+        for s, stage in enumerate(ops):
+            for start, stop in _idle(stage, end):
+                ax.barh(s, stop - start, left=start, color="0.9", hatch="xx", edgecolor="0.6", linewidth=0.3,
+                        label=None if labelled else "idle (bubble)")
+                labelled = True
+            for kind, i, start, stop in stage:
+                ax.barh(s, stop - start, left=start, color="tab:blue" if kind == "F" else "tab:orange",
+                        edgecolor="k", linewidth=0.5)
+                if stop - start > 0.025 * end:
+                    ax.text((start + stop) / 2, s, f"{kind}{i}", ha="center", va="center", fontsize=7)
+        ax.barh(0, 0, color="tab:blue", label="forward F(micro-batch)")
+        ax.barh(0, 0, color="tab:orange", label="backward B(micro-batch)")
+        ax.set_yticks(range(len(ops)), [f"stage {s + 1} (rank {s})" for s in range(len(ops))])
+        ax.invert_yaxis()
+        ax.set_xlim(0, end * 1.3)
+        ax.set_title(title, fontsize=10)
+        ax.legend(loc="center right", fontsize=7, framealpha=0.9)
+    axes[-1].set_xlabel(xlabel)
+    axes[0].figure.tight_layout()
+    return axes
+
+
+def plot_layouts(rows: Sequence[dict], ax=None, title: str | None = None):
+    """Per-GPU memory of each data x pipeline layout (rows of ``parallel.pipeline_layouts``):
+    parameters + gradients + Adam state, and activations under GPipe and under 1F1B."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 3.8))
+    largest = max(r["total (GPipe)"] for r in rows)
+    unit, size = _unit(largest)
+    labels = [f"{r['dp']} x {r['pp']}: {r['GPU holds']}" for r in rows]
+    xs = range(len(rows))
+    static = [r["params + grads + Adam"] / size for r in rows]
+    ax.bar(xs, static, color="tab:green", label="params + grads + Adam")
+    piped = [x for x, r in zip(xs, rows) if r["pp"] > 1]
+    shift = [0.2 if r["pp"] > 1 else 0.0 for r in rows]
+    ax.bar([x - d for x, d in zip(xs, shift)], [r["activations (GPipe)"] / size for r in rows],
+           width=[0.4 if d else 0.8 for d in shift], bottom=static, color="tab:red",
+           label="activations (no pipeline, or GPipe)")
+    ax.bar([x + 0.2 for x in piped], [rows[x]["activations (1F1B)"] / size for x in piped], width=0.4,
+           bottom=[static[x] for x in piped], color="salmon", hatch="//", edgecolor="k", linewidth=0.3,
+           label="activations, 1F1B")
+    ax.set_xticks(list(xs), labels, rotation=20, ha="right", fontsize=8)
+    ax.set_xlabel("layout: data-parallel replicas x pipeline stages, and what the GPU holds")
+    ax.set_ylabel(f"{unit} per GPU (estimate)")
+    ax.legend(loc="upper right", fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=10)
+    return ax
