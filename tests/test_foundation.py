@@ -50,9 +50,19 @@ def test_seed000_parameter_counts_are_exact():
     assert count_parameters(seed000_unet("small")) == 14_496_517
 
 
-def test_halving_middle_channels_would_not_match():
-    # the seed's count pins the block design: middle channels = out, not out // 2
-    assert count_parameters(seed000_unet("large")) != 51_772_357
+def test_the_blocks_compute_what_the_layout_says():
+    """Values, not only counts: Up upsamples trilinearly (align_corners), pads the short side
+    at the end (d // 2 before, the rest after), and concatenates [skip, upsampled]."""
+    import torch.nn.functional as F
+    from course_utils.unet import Up
+
+    torch.manual_seed(0)
+    up = Up(6, 4)
+    deep, skip = torch.randn(1, 2, 3, 4, 5), torch.randn(1, 4, 7, 9, 10)
+    x = F.interpolate(deep, scale_factor=2, mode="trilinear", align_corners=True)
+    x = F.pad(x, [0, 0, 0, 1, 0, 1])  # (6, 8, 10) -> (7, 9, 10): one voxel after, none before
+    expected = up.conv(torch.cat([skip, x], dim=1))
+    assert torch.equal(up(deep, skip), expected)
 
 
 @pytest.mark.parametrize("volume", [(26, 150, 320), (16, 16, 16), (17, 33, 40), (64, 64, 64)])
