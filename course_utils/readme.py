@@ -1,0 +1,276 @@
+"""README's figures, computed: the course's headline answers to the seeds, and the benchmark.
+
+    python -m course_utils.readme              # recompute results/figures.json, rewrite README's tables
+    python -m course_utils.readme --render     # only rewrite README from the committed JSON files
+
+README.md holds generated blocks between ``<!-- BEGIN name -->`` and ``<!-- END name -->``:
+``figures`` (from ``results/figures.json``, computed by ``headlines()``) and ``benchmark`` (from
+``benchmarks/results/*.json``, written by ``benchmarks/run.py`` and the GPU kit). A test checks
+that README equals what the committed JSON renders to, and recomputes the fast rows, so the
+README cannot drift from the code again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+FIGURES = ROOT / "results" / "figures.json"
+README = ROOT / "README.md"
+BENCHMARKS = ROOT / "benchmarks" / "results"
+
+
+def _mib(v: float) -> str:
+    return f"{v / 2**20:,.0f}"
+
+
+def _pct(new: float, old: float) -> str:
+    return f"{100 * (new - old) / old:+.1f} %"
+
+
+# --------------------------------------------------------------------------------------------
+# Each headline: (key, question, the seed's figure, a function returning (figure, method))
+# --------------------------------------------------------------------------------------------
+def _seed000_peaks() -> tuple[str, str]:
+    from . import allocator
+    from .config import SEED000_VOLUME
+    from .memory import predict_step
+    from .unet import seed000_unet
+
+    out = []
+    for v in ("large", "small"):
+        p = predict_step(lambda v=v: seed000_unet(v), (2, 1, *SEED000_VOLUME), n_classes=5, dtype=torch.float16)
+        res, ev, _ = allocator.trace_step(lambda v=v: seed000_unet(v), (2, 1, *SEED000_VOLUME), dtype=torch.float16)
+        out.append((p.peak, allocator.simulate(ev, resident=res).peak_reserved))
+    return (f"allocated {_mib(out[0][0])} / {_mib(out[1][0])} MiB, reserved {_mib(out[0][1])} / "
+            f"{_mib(out[1][1])} MiB (+ the CUDA context in nvidia-smi)",
+            "predicted allocated (steady state); reserved simulated (allocator model)")
+
+
+def _seed000_param_share() -> tuple[str, str]:
+    from .config import SEED000_VOLUME
+    from .memory import predict_step
+    from .unet import seed000_unet
+
+    shares = []
+    for v in ("large", "small"):
+        p = predict_step(lambda v=v: seed000_unet(v), (2, 1, *SEED000_VOLUME), n_classes=5, dtype=torch.float16)
+        shares.append(100 * (p.breakdown["Parameter"] + p.breakdown["Optstate"]) / p.peak)
+    return (f"{shares[0]:.1f} % / {shares[1]:.1f} %: activations are the rest",
+            "predicted (weights + Adam state at the peak)")
+
+
+def _seed000_tables() -> tuple[str, str]:
+    from .unet import seed000_unet
+
+    def resident(net) -> int:
+        blocks = [-(-t.numel() * (8 if t.dtype == torch.int64 else 2) // 512) * 512
+                  for t in [*net.parameters(), *net.buffers()]]
+        return sum(blocks) + -(-2 * 26 * 150 * 320 * 2 // 512) * 512
+
+    small = resident(seed000_unet("small"))
+    return (f"the 'larger' table starts at the small net's weights + buffers + input ({small:,} B vs "
+            "34,027,520 B): labels swapped", "computed (fp16, 512-byte blocks)")
+
+
+def _seed003_kept() -> tuple[str, str]:
+    from .limit_test import input_bytes, run_limit_test
+
+    r = run_limit_test(350)
+    return (f"{(r.saved - 2 * input_bytes(350)) / input_bytes(350):.0f} x the input (0.50 of naive)",
+            "saved-tensor bytes, predicted, N = 350")
+
+
+def _seed003_largest() -> tuple[str, str]:
+    from .limit_test import run_limit_test
+    from .memory import GiB, largest_that_fits
+    from .tiling import largest_tiled_n
+
+    n = largest_that_fits(lambda k: run_limit_test(k).peak <= 8 * GiB, start=16, limit=4096)
+    return (f"{n} (whole step); {largest_tiled_n(8 * GiB)} in slabs (tiling)", "predicted, fp32")
+
+
+def _seed000_precision() -> tuple[str, str]:
+    from .compare import technique_table
+    from .config import SEED000_VOLUME
+    from .unet import seed000_unet
+
+    b, lean = (lambda: seed000_unet("large")), (lambda: seed000_unet("large", lean_up=True))
+    t = technique_table({"fp32": b, "fp16": b, "ac": b, "lean": lean}, (2, 1, *SEED000_VOLUME),
+                        dtypes={"fp16": torch.float16}, autocast={"ac": torch.float16, "lean": torch.float16})
+    p = dict(zip(t.variant, t["peak MiB"]))
+    return (f"{p['fp32']:,.0f} -> {p['fp16']:,.0f} (built in fp16) / {p['ac']:,.0f} (autocast fp16) / "
+            f"{p['lean']:,.0f} (autocast + lean Up) MiB", "predicted, CUDA autocast rules, steady state")
+
+
+def _seed002_inplace() -> tuple[str, str]:
+    from .compare import technique_table
+    from .config import SEED000_VOLUME
+    from .unet import bn_relu, bn_relu_inplace, seed000_unet
+
+    out = {}
+    for v in ("large", "small"):
+        t = technique_table({"plain": lambda v=v: seed000_unet(v, norm_act=bn_relu),
+                             "inplace": lambda v=v: seed000_unet(v, norm_act=bn_relu_inplace)},
+                            (2, 1, *SEED000_VOLUME), dtype=torch.float16)
+        out[v] = (t["saved vs baseline %"].iloc[1], t["peak vs baseline %"].iloc[1])
+    return (f"saved bytes {out['large'][0]:+.1f} %; peak {out['large'][1]:+.1f} % (large: peak in backward) / "
+            f"{out['small'][1]:+.1f} % (small: peak at the end of forward)", "predicted, fp16, full size")
+
+
+def _seed002_abn() -> tuple[str, str]:
+    from .compare import technique_table
+    from .config import SEED000_VOLUME
+    from .inplace_abn import inplace_abn
+    from .unet import seed000_unet
+
+    t = technique_table({"BN + ReLU": lambda: seed000_unet("large"),
+                         "In-Place ABN": lambda: seed000_unet("large", norm_act=inplace_abn)},
+                        (2, 1, *SEED000_VOLUME), dtype=torch.float16)
+    return (f"kept after forward {t['kept vs baseline %'].iloc[1]:+.1f} %, peak {t['peak vs baseline %'].iloc[1]:+.1f} %",
+            "predicted, large net, fp16, full size")
+
+
+def _seed004_checkpointing() -> tuple[str, str]:
+    from .compare import technique_table
+    from .config import SEED000_VOLUME
+    from .checkpointing import save_convolutions
+    from .unet import seed000_unet
+
+    t = technique_table({"none": lambda: seed000_unet("large"),
+                         "level": lambda: seed000_unet("large", checkpoint_levels=True),
+                         "selective": lambda: seed000_unet("large", checkpoint_levels=True,
+                                                           checkpoint_policy=save_convolutions)},
+                        (2, 1, *SEED000_VOLUME), dtype=torch.float16)
+    p = dict(zip(t.variant, t["peak vs baseline %"]))
+    return (f"peak {p['level']:+.1f} % per level, {p['selective']:+.1f} % selective (save convs)",
+            "predicted, large net, fp16, full size")
+
+
+def _seed004_data_parallel() -> tuple[str, str]:
+    from dataclasses import replace
+
+    from . import explorer as ex
+
+    one = ex.estimate(ex.Config(batch=8))
+    eight = ex.estimate(replace(ex.Config(batch=8), dp_ranks=8))
+    return (f"{_mib(one.total)} MiB on 1 GPU -> {_mib(eight.total)} MiB per GPU on 8",
+            "predicted (explorer), large net, fp16 model, global batch 8")
+
+
+def _seed004_bn() -> tuple[str, str]:
+    from .parallel import per_replica_bn_errors
+
+    errors = per_replica_bn_errors(range(8))
+    return (f"{100 * min(errors):.0f}-{100 * max(errors):.0f} % relative gradient error with per-replica "
+            "BatchNorm, 2 replicas, 8 seeds; cross-replica BatchNorm: equal to one process",
+            "measured (CPU, the global batch in 2 halves, as DDP computes it)")
+
+
+def _capstone() -> tuple[str, str]:
+    from dataclasses import replace
+
+    from . import explorer as ex
+
+    base = ex.Config()
+    safe = [c for c in ex.all_combinations(base, precisions=["autocast fp16"], lean_up=(False, True))]
+    best = max(safe, key=lambda c: ex.estimate(c).largest_batch)
+    return (f"{ex.estimate(base).largest_batch} (fp16 model, as seed 000) -> {ex.estimate(best).largest_batch} "
+            f"({best.describe()})", f"predicted for an 8 GiB card (context + slack included: {ex.overheads().source.split(':')[0]})")
+
+
+HEADLINES: list[tuple[str, str, str, Callable[[], tuple[str, str]], bool]] = [
+    # key, question, the seed's figure, compute, fast (recomputed by the test suite)
+    ("seed000_peaks", "seed 000: peak of the 40.2 M / 14.5 M-parameter nets, fp16, batch 2, 26x150x320",
+     "~7000 / ~7000 MiB (nvidia-smi)", _seed000_peaks, True),
+    ("seed000_share", "seed 000: share of parameters and Adam state in that peak (large / small)", "-",
+     _seed000_param_share, True),
+    ("seed000_tables", "seed 000: the two hook tables", "labelled 'smaller' / 'larger'", _seed000_tables, True),
+    ("seed003_kept", "seed 003: intermediates kept after forward", "26 x the input naive; 31.7 x measured (2017, N = 350)",
+     _seed003_kept, True),
+    ("seed003_largest", "seed 003: largest N in 8 GiB (budget inferred from the seed)",
+     "350 forward only; 200 for a whole step (backward failed from 256)", _seed003_largest, False),
+    ("seed000_precision", "seed 000 large net: fp32 -> 16-bit", "fp16 model (seed 000)", _seed000_precision, False),
+    ("seed002_inplace", "seed 002: in-place ReLU", '"no extra memory needed"', _seed002_inplace, False),
+    ("seed002_abn", "seed 002: In-Place ABN (leaky ReLU) vs BN + ReLU", "up to 50 % less (paper)", _seed002_abn, False),
+    ("seed004_checkpointing", "seed 004: checkpointing, seed 000 U-Net", "O(sqrt(n)) memory", _seed004_checkpointing, False),
+    ("seed004_dp", "seed 004: data parallel, seed 000 U-Net", '"each GPU gets fewer images"', _seed004_data_parallel, False),
+    ("seed004_bn", "seed 004: BatchNorm under DDP", '"unstable training"', _seed004_bn, False),
+    ("capstone", "capstone: seed 000 large net, largest batch in an 8 GiB card, fp32 master weights",
+     "batch 2 (~7000 MiB)", _capstone, False),
+]
+
+
+def headlines(only: set[str] | None = None) -> dict[str, Any]:
+    rows = []
+    for key, question, seed, fn, _fast in HEADLINES:
+        if only and key not in only:
+            continue
+        figure, method = fn()
+        rows.append({"key": key, "question": question, "seed": seed, "course": figure, "method": method})
+    return {"meta": {"date": datetime.date.today().isoformat(), "torch": torch.__version__},
+            "rows": rows}
+
+
+def fast_keys() -> set[str]:
+    return {k for k, *_, fast in HEADLINES if fast}
+
+
+# --------------------------------------------------------------------------------------------
+# Rendering
+# --------------------------------------------------------------------------------------------
+def render_figures(data: dict[str, Any]) -> str:
+    lines = [f"Computed by `python -m course_utils.readme` ({data['meta']['date']}, torch "
+             f"{data['meta']['torch']}); every figure names its method.", "",
+             "| question | seed's figure | course's figure | method |", "|---|---|---|---|"]
+    lines += [f"| {r['question']} | {r['seed']} | {r['course']} | {r['method']} |" for r in data["rows"]]
+    return "\n".join(lines)
+
+
+def render_benchmarks(folder: Path = BENCHMARKS) -> str:
+    parts = []
+    gpus = sorted(p for p in folder.glob("*.md") if not p.name.startswith("cpu-"))
+    cpus = sorted(p for p in folder.glob("cpu-*.md"))
+    if not gpus:
+        parts.append("**No GPU run has been recorded yet** (the GPU kit, `python -m course_utils.gpu_report`, "
+                     "records one); the table below is predicted on a CPU for a CUDA GPU.")
+    for p in gpus + cpus:
+        parts.append(p.read_text().strip())
+    return "\n\n".join(parts)
+
+
+def replace_block(text: str, name: str, body: str) -> str:
+    pattern = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(\n<!-- END {name} -->)", re.S)
+    if not pattern.search(text):
+        raise ValueError(f"README has no '<!-- BEGIN {name} -->' ... '<!-- END {name} -->' block")
+    return pattern.sub(lambda m: m.group(1) + body + m.group(2), text)
+
+
+def render_readme(text: str, figures: dict[str, Any], folder: Path = BENCHMARKS) -> str:
+    text = replace_block(text, "figures", render_figures(figures))
+    return replace_block(text, "benchmark", render_benchmarks(folder))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m course_utils.readme", description=__doc__.splitlines()[0])
+    ap.add_argument("--render", action="store_true", help="only re-render README from the committed JSON")
+    args = ap.parse_args(argv)
+    if not args.render:
+        FIGURES.parent.mkdir(exist_ok=True)
+        FIGURES.write_text(json.dumps(headlines(), indent=1) + "\n")
+        print(f"wrote {FIGURES}")
+    README.write_text(render_readme(README.read_text(), json.loads(FIGURES.read_text())))
+    print(f"rewrote the generated blocks of {README}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
