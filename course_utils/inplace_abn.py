@@ -202,3 +202,126 @@ def inplace_abn(channels: int, slope: float = 0.01) -> list[nn.Module]:
 def bn_leaky_relu(channels: int, slope: float = 0.01) -> list[nn.Module]:
     """The pair In-Place ABN replaces: BatchNorm3d followed by LeakyReLU."""
     return [nn.BatchNorm3d(channels), nn.LeakyReLU(slope)]
+
+
+# --------------------------------------------------------------------------------------------
+# What is stored, and who made it (notebook 06)
+# --------------------------------------------------------------------------------------------
+#: readable names of the ops that produce stored tensors
+PRODUCER_NAMES = {
+    "convolution": "conv outputs",
+    "native_batch_norm": "BN outputs",
+    "_native_batch_norm_legit": "BN outputs",
+    "_native_batch_norm_legit_no_training": "BN outputs",
+    "relu": "ReLU outputs",
+    "leaky_relu": "LeakyReLU outputs",
+    "cat": "concatenations (U-Net skips + upsampled)",
+    "max_pool3d_with_indices": "max-pool outputs + indices",
+    "max_pool2d_with_indices": "max-pool outputs + indices",
+    "upsample_trilinear3d": "upsampled maps",
+    "constant_pad_nd": "padded maps",
+    "_log_softmax": "loss (log-softmax)",
+    "input": "the input",
+    "target": "the target (class indices)",
+}
+
+
+def saved_by_producer(model: nn.Module, x: torch.Tensor, target: torch.Tensor | None = None,
+                      loss_fn=nn.functional.cross_entropy):
+    """Saved-for-backward bytes of one forward (+ loss), grouped by the op that **produced**
+    each stored tensor (a conv output that In-Place ABN overwrote is still a conv output).
+    Each storage is counted once; parameters are left out. Returns a pandas DataFrame with
+    columns ``stored tensor``, ``MiB``, ``share %``, ``bytes`` (method: saved-tensor graph walk).
+
+    How: a ``TorchDispatchMode`` records which op created each storage (in-place ops and views
+    keep the creator), then ``memory.saved_tensors`` walks the autograd graph."""
+    import pandas as pd
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    from .memory import saved_tensors
+
+    class _Producers(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.owner: dict[int, str] = {}
+            self.keep: list[torch.Tensor] = []  # alive until the walk: no storage address reuse
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = func.overloadpacket.__name__
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    key = t.untyped_storage()._cdata
+                    if key not in self.owner:
+                        self.owner[key] = name
+                        self.keep.append(t)
+            return out
+
+    x = x.detach()
+    with _Producers() as rec:
+        rec.owner[x.untyped_storage()._cdata] = "input"
+        if target is not None:
+            rec.owner[target.untyped_storage()._cdata] = "target"
+        out = model(x)
+        loss = loss_fn(out, target) if target is not None else out.sum()
+    seen: dict[int, tuple[str, int]] = {}
+    for s in saved_tensors(loss, model.parameters()):
+        if not s.is_param and s.storage not in seen:
+            seen[s.storage] = (rec.owner.get(s.storage, "other"), s.nbytes)
+    total = sum(nbytes for _, nbytes in seen.values())
+    groups: dict[str, int] = {}
+    for op, nbytes in seen.values():
+        label = PRODUCER_NAMES.get(op, op)
+        if op not in PRODUCER_NAMES and nbytes < 0.001 * total:
+            label = "other (per-channel statistics, scalars)"
+        groups[label] = groups.get(label, 0) + nbytes
+    df = pd.DataFrame([{"stored tensor": k, "MiB": v / 2**20, "share %": 100 * v / total,
+                        "bytes": v} for k, v in sorted(groups.items(), key=lambda kv: -kv[1])])
+    df.attrs["total_bytes"] = total
+    return df.round({"MiB": 3, "share %": 1})
+
+
+def stored_per_unit(norm_act, channels: int = 4, units: int = 4, size: int = 8) -> dict[str, float]:
+    """For a stack of ``units`` x (Conv3d -> ``norm_act``) followed by one more Conv3d (so that
+    the last unit's output is stored too, as inside a network), the stored tensors per unit, in
+    layer-sized tensors, by producing op (``saved_by_producer``); the stack's input and the
+    per-channel statistics are left out. E.g. BN + ReLU: 1 conv output + 1 ReLU output."""
+    layers: list[nn.Module] = []
+    for _ in range(units):
+        layers += [nn.Conv3d(channels, channels, 3, padding=1), *norm_act(channels)]
+    net = nn.Sequential(*layers, nn.Conv3d(channels, channels, 3, padding=1))
+    x = torch.randn(2, channels, size, size, size)
+    df = saved_by_producer(net, x)
+    layer_bytes = x.numel() * x.element_size()
+    per_unit = {r["stored tensor"]: r["bytes"] / layer_bytes / units
+                for _, r in df.iterrows() if r["stored tensor"] != "the input"}
+    return {k: round(v, 2) for k, v in per_unit.items() if v >= 0.05}
+
+
+def plot_stored_per_unit(variants: dict[str, object], ax=None):
+    """Stacked horizontal bars: layer-sized tensors stored per conv unit for each norm +
+    activation variant (``stored_per_unit``), coloured by the op that produced them."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 0.6 + 0.55 * len(variants)))
+    data = {name: stored_per_unit(na) for name, na in variants.items()}
+    kinds = sorted({k for d in data.values() for k in d})
+    colours = dict(zip(kinds, plt.cm.tab10.colors))
+    names = list(data)[::-1]
+    for i, name in enumerate(names):
+        left = 0.0
+        for k in kinds:
+            v = data[name].get(k, 0.0)
+            if v:
+                ax.barh(i, v, left=left, color=colours[k], edgecolor="white",
+                        label=k if i == names.index(name) else None)
+                ax.text(left + v / 2, i, f"{v:.2g}", ha="center", va="center", fontsize=8)
+                left += v
+    ax.set_yticks(range(len(names)), names)
+    ax.set_xlabel("layer-sized tensors stored for backward, per conv unit (measured: graph walk)")
+    handles = {lbl: h for h, lbl in zip(*ax.get_legend_handles_labels())}
+    ax.legend(handles.values(), handles.keys(), fontsize=8, loc="lower right")
+    ax.set_xlim(0, max(sum(d.values()) for d in data.values()) * 1.45)
+    return data
