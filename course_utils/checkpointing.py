@@ -522,14 +522,14 @@ def plot_breakdowns(breakdowns: dict[str, dict[str, int]], ax=None, title: str =
         _, ax = plt.subplots(figsize=(1.6 + 1.25 * len(breakdowns), 3.8))
     names = list(breakdowns)
     bottom = [0.0] * len(names)
-    for key, label in BAR_PARTS:
+    for i, (key, label) in enumerate(BAR_PARTS):  # one fixed colour per category
         vals = []
         for n in names:
             b = breakdowns[n]
             v = b.get(key, 0) + (b.get("Buffer", 0) if key == "Parameter" else 0)
             vals.append(v / 2**20)
         if any(vals):
-            ax.bar(names, vals, bottom=bottom, label=label)
+            ax.bar(names, vals, bottom=bottom, label=label, color=f"C{i}")
             bottom = [b + v for b, v in zip(bottom, vals)]
     for i, top in enumerate(bottom):
         ax.text(i, top, f"{top:,.0f}", ha="center", va="bottom", fontsize=8)
