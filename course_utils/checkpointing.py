@@ -535,9 +535,9 @@ def plot_breakdowns(breakdowns: dict[str, dict[str, int]], ax=None, title: str =
         ax.text(i, top, f"{top:,.0f}", ha="center", va="bottom", fontsize=8)
     if budget_mib:
         ax.axhline(budget_mib, color="black", ls="--", lw=1)
-        ax.text(len(names) - 0.5, budget_mib, budget_label, ha="right", va="bottom", fontsize=8)
+        ax.text(-0.4, budget_mib, budget_label, ha="left", va="bottom", fontsize=8)
     ax.set_ylabel("MiB at the peak (predicted)")
-    ax.set_ylim(0, max(bottom + [budget_mib or 0]) * 1.18)
+    ax.set_ylim(0, max(bottom + [budget_mib or 0]) * 1.55)  # room for the legend above the bars
     ax.tick_params(axis="x", labelrotation=20, labelsize=8)
     ax.legend(fontsize=7, loc="upper right")
     if title:

@@ -270,10 +270,13 @@ def saved_by_producer(model: nn.Module, x: torch.Tensor, target: torch.Tensor | 
         if not s.is_param and s.storage not in seen:
             seen[s.storage] = (rec.owner.get(s.storage, "other"), s.nbytes)
     total = sum(nbytes for _, nbytes in seen.values())
-    groups: dict[str, int] = {}
+    raw: dict[str, int] = {}
     for op, nbytes in seen.values():
         label = PRODUCER_NAMES.get(op, op)
-        if op not in PRODUCER_NAMES and nbytes < 0.001 * total:
+        raw[label] = raw.get(label, 0) + nbytes
+    groups: dict[str, int] = {}
+    for label, nbytes in raw.items():  # tiny groups: BN's per-channel mean/invstd, scalars
+        if nbytes < 0.001 * total:
             label = "other (per-channel statistics, scalars)"
         groups[label] = groups.get(label, 0) + nbytes
     df = pd.DataFrame([{"stored tensor": k, "MiB": v / 2**20, "share %": 100 * v / total,
