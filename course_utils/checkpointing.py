@@ -535,7 +535,8 @@ def plot_breakdowns(breakdowns: dict[str, dict[str, int]], ax=None, title: str =
         ax.text(i, top, f"{top:,.0f}", ha="center", va="bottom", fontsize=8)
     if budget_mib:
         ax.axhline(budget_mib, color="black", ls="--", lw=1)
-        ax.text(-0.4, budget_mib, budget_label, ha="left", va="bottom", fontsize=8)
+        ax.text(-0.4, budget_mib, budget_label, ha="left", va="bottom", fontsize=8,
+                bbox=dict(facecolor="white", edgecolor="none", alpha=0.8, pad=1))
     ax.set_ylabel("MiB at the peak (predicted)")
     ax.set_ylim(0, max(bottom + [budget_mib or 0]) * 1.55)  # room for the legend above the bars
     ax.tick_params(axis="x", labelrotation=20, labelsize=8)
