@@ -1,23 +1,35 @@
-"""Gradient checkpointing: recompute activations in backward instead of storing them.
+"""Gradient checkpointing and activation offload: memory bought back with time.
 
-PyTorch's ``torch.utils.checkpoint`` does the work; this module adds what a U-Net needs:
+PyTorch's ``torch.utils.checkpoint`` does the work; this module adds what a course needs:
 
-* ``frozen_bn_stats`` -- recomputation runs BatchNorm's forward a second time, in training mode,
-  so its running statistics would be updated twice per step. Non-reentrant checkpointing takes a
-  ``context_fn`` whose second context wraps the recomputation: we freeze the statistics there.
+* ``frozen_bn_stats`` / ``checkpointed`` -- recomputation runs BatchNorm's forward a second time,
+  in training mode, so its running statistics would be updated twice per step. Non-reentrant
+  checkpointing takes a ``context_fn`` whose second context wraps the recomputation: we freeze
+  the statistics there.
 * ``save_convolutions`` -- a selective-checkpointing policy: keep convolution outputs (expensive
   to recompute), recompute BatchNorm, activations and the rest (cheap).
-* ``checkpoint_context`` -- builds the ``context_fn`` from both.
-* ``deep_stack`` / ``run_sequential`` -- a plain deep conv stack for the sqrt(n) experiment with
-  ``checkpoint_sequential``.
-* ``DenseBlock`` -- seed 004's DenseNet block, naive and memory-efficient (checkpointed
-  concatenation + bottleneck, Pleiss et al. 2017).
+* ``checkpoint_segments`` -- ``checkpoint_sequential`` done BN-safe (torch's own accepts no
+  ``context_fn``, so it updates BN statistics twice); ``deep_stack`` / ``SegmentedStack`` -- a
+  plain deep conv stack for the sqrt(n) experiment.
+* ``offload_saved`` -- activation offload: ``torch.autograd.graph.save_on_cpu(pin_memory=True)``
+  on a GPU; under ``FakeTensorMode`` a simulation that removes each saved tensor from the device
+  (what the predictor needs); nothing on a real CPU (the activations already live in host memory).
+* ``step_flops`` / ``recompute_fraction`` / ``cost_estimate`` -- what a configuration costs in
+  time, on a CPU: recomputed FLOPs counted by ``FlopCounterMode`` under ``FakeTensorMode`` and the
+  bytes offload moves, converted to seconds at stated, assumed throughputs (an *estimate*).
+* ``time_steps`` -- step times measured properly: warm-up, repetitions, variants interleaved,
+  medians and the spread between repetitions (the noise) reported with them.
+* ``DenseBlock`` -- the single-block stand-in earlier versions used for seed 004; seed 004's
+  whole network is ``course_utils.densenet``.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -54,10 +66,10 @@ def save_convolutions(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op in _CONV_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def checkpoint_context(module: nn.Module, policy: Callable | None = None,
+def checkpoint_context(module: nn.Module | None, policy: Callable | None = None,
                        fix_bn: bool = True) -> Callable[[], tuple]:
     """The ``context_fn`` for ``checkpoint(..., use_reentrant=False)``: an optional selective
-    policy, and BN statistics frozen during recomputation (``fix_bn``)."""
+    policy, and the BatchNorms of ``module`` frozen during recomputation (``fix_bn``)."""
 
     def context_fn():
         fwd, rec = (create_selective_checkpoint_contexts(policy) if policy
@@ -81,16 +93,43 @@ def checkpoint_context(module: nn.Module, policy: Callable | None = None,
     return context_fn
 
 
-def checkpointed(block: nn.Module, *args: torch.Tensor, policy: Callable | None = None,
-                 fix_bn: bool = True) -> torch.Tensor:
-    """``block(*args)`` with its activations recomputed in backward (non-reentrant)."""
-    return checkpoint(block, *args, use_reentrant=False,
-                      context_fn=checkpoint_context(block, policy, fix_bn))
+def checkpointed(fn: Callable, *args: torch.Tensor, policy: Callable | None = None,
+                 fix_bn: bool = True, bn_scope: nn.Module | None = None) -> torch.Tensor:
+    """``fn(*args)`` with its activations recomputed in backward (non-reentrant). The
+    BatchNorms of ``bn_scope`` (default: ``fn`` itself, if it is a module) keep their running
+    statistics while they are recomputed."""
+    scope = bn_scope if bn_scope is not None else fn
+    if fix_bn and not isinstance(scope, nn.Module):
+        raise TypeError("checkpointed: pass bn_scope=<the module holding the BatchNorms> when "
+                        "fn is not an nn.Module (or fix_bn=False if it has none)")
+    return checkpoint(fn, *args, use_reentrant=False,
+                      context_fn=checkpoint_context(scope, policy, fix_bn))
 
 
 # --------------------------------------------------------------------------------------------
-# sqrt(n): a deep plain stack and checkpoint_sequential
+# sqrt(n): a deep plain stack, checkpoint_sequential, and its BN-safe form
 # --------------------------------------------------------------------------------------------
+def checkpoint_segments(functions: nn.Sequential | Sequence[nn.Module], segments: int,
+                        x: torch.Tensor, fix_bn: bool = True) -> torch.Tensor:
+    """``torch.utils.checkpoint.checkpoint_sequential(functions, segments, x,
+    use_reentrant=False)`` with the same split (``len // segments`` modules a segment, the rest
+    in the last one, which runs without checkpointing: backward needs it first), but each
+    segment's BatchNorms keep their running statistics while it is recomputed. Torch's own
+    accepts no ``context_fn`` and so updates them twice."""
+    mods = list(functions.children()) if isinstance(functions, nn.Sequential) else list(functions)
+    if not 1 <= segments <= len(mods):
+        raise ValueError(f"segments must be between 1 and {len(mods)} (the number of modules), "
+                         f"got {segments}")
+    size = len(mods) // segments
+    end = 0
+    for start in range(0, size * (segments - 1), size):
+        end = start + size
+        x = checkpointed(nn.Sequential(*mods[start:end]), x, fix_bn=fix_bn)
+    for m in mods[end:]:
+        x = m(x)
+    return x
+
+
 def deep_stack(n_layers: int, channels: int = 16, dims: int = 3) -> nn.Sequential:
     """``n_layers`` x (conv 3x3(x3) -> BN -> ReLU) at constant width: every layer's activations
     are the same size, the setting of Chen et al. (2016)."""
@@ -103,28 +142,321 @@ def deep_stack(n_layers: int, channels: int = 16, dims: int = 3) -> nn.Sequentia
 
 
 class SegmentedStack(nn.Module):
-    """Runs a ``deep_stack`` with ``checkpoint_sequential`` in ``segments`` segments
-    (0 = no checkpointing). The input layer lifts 1 channel to the stack's width."""
+    """Runs a ``deep_stack`` in ``segments`` checkpointed segments (0 = no checkpointing).
+    The input layer lifts 1 channel to the stack's width.
 
-    def __init__(self, stack: nn.Sequential, segments: int = 0, in_channels: int = 1):
+    ``bn_safe=True`` (default) uses ``checkpoint_segments``; ``bn_safe=False`` uses torch's
+    ``checkpoint_sequential`` as it is, which updates BatchNorm statistics twice (notebook 07
+    shows it)."""
+
+    def __init__(self, stack: nn.Sequential, segments: int = 0, in_channels: int = 1,
+                 bn_safe: bool = True):
         super().__init__()
         width = stack[0][0].in_channels
         conv = type(stack[0][0])
         self.lift = conv(in_channels, width, 1)
-        self.stack, self.segments = stack, segments
+        self.stack, self.segments, self.bn_safe = stack, segments, bn_safe
         self.head = conv(width, 5, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.lift(x)
         if self.segments and torch.is_grad_enabled():
-            x = checkpoint_sequential(self.stack, self.segments, x, use_reentrant=False)
+            if self.bn_safe:
+                x = checkpoint_segments(self.stack, self.segments, x)
+            else:
+                x = checkpoint_sequential(self.stack, self.segments, x, use_reentrant=False)
         else:
             x = self.stack(x)
         return self.head(x)
 
 
+def sqrt_fit(ns: Sequence[float], values: Sequence[float]) -> tuple[float, float]:
+    """Least-squares fit ``value = k * sqrt(n) + c``; returns ``(k, c)``."""
+    import numpy as np
+
+    a = np.stack([np.sqrt(np.asarray(ns, dtype=float)), np.ones(len(ns))], axis=1)
+    (k, c), *_ = np.linalg.lstsq(a, np.asarray(values, dtype=float), rcond=None)
+    return float(k), float(c)
+
+
+def best_segments(build: Callable[[int], nn.Module], n_layers: int, input_shape: Sequence[int],
+                  **predict_kw) -> tuple[int, int]:
+    """The segment count s (1..n_layers) with the lowest predicted peak of ``build(s)``, and that
+    peak in bytes (``predict_step`` under FakeTensorMode; ties go to the smaller s)."""
+    from .memory import predict_step
+
+    predict_kw.setdefault("optimizer", None)
+    predict_kw.setdefault("module_peaks", False)
+    best = None
+    for s in range(1, n_layers + 1):
+        peak = predict_step(lambda s=s: build(s), input_shape, **predict_kw).peak
+        if best is None or peak < best[1]:
+            best = (s, peak)
+    return best
+
+
 # --------------------------------------------------------------------------------------------
-# seed 004: a DenseNet block, naive and memory-efficient
+# Activation offload
+# --------------------------------------------------------------------------------------------
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+class _OffloadedMeta:
+    """What a simulated offload keeps of a saved tensor: its description, no device memory."""
+
+    __slots__ = ("size", "stride", "dtype", "device", "offset")
+
+    def __init__(self, t: torch.Tensor):
+        self.size, self.stride, self.dtype = t.size(), t.stride(), t.dtype
+        self.device, self.offset = t.device, t.storage_offset()
+
+
+def _pack_simulated(t: torch.Tensor) -> Any:
+    if not _is_fake(t):
+        raise RuntimeError("the simulated offload is for predictions under FakeTensorMode only")
+    if isinstance(t, nn.Parameter):
+        return t  # a parameter stays where it is; save_on_cpu would copy it, but it is resident
+    return _OffloadedMeta(t)
+
+
+def _unpack_simulated(p: Any) -> torch.Tensor:
+    if isinstance(p, torch.Tensor):
+        return p
+    # "copied back to the device": a new tensor of the same layout (values do not matter: fake)
+    return torch.empty_strided(p.size, p.stride, dtype=p.dtype, device=p.device)
+
+
+_SUSPENDED = [False]
+
+
+@contextlib.contextmanager
+def offload_suspended() -> Iterator[None]:
+    """Inside, ``offload_saved`` does nothing: to count what offload would move (the saved bytes
+    of the same step without it)."""
+    old, _SUSPENDED[0] = _SUSPENDED[0], True
+    try:
+        yield
+    finally:
+        _SUSPENDED[0] = old
+
+
+def offload_saved(example: torch.Tensor, enabled: bool = True) -> contextlib.AbstractContextManager:
+    """The context a training step's forward runs in to offload what autograd saves:
+
+    * CUDA tensor: ``torch.autograd.graph.save_on_cpu(pin_memory=True)`` -- each saved tensor is
+      copied to pinned host memory in forward and back to the GPU when backward needs it;
+    * a fake tensor (``FakeTensorMode``, the predictor): a simulation with the same effect on
+      device memory -- autograd keeps only a description of each saved tensor, backward gets a
+      freshly allocated one. A tensor that something else still references (a U-Net's skip
+      connection, the current layer's input) stays on the device, as with ``save_on_cpu``;
+    * a real CPU tensor: nothing (the activations already are in host memory).
+    """
+    if not enabled or _SUSPENDED[0]:
+        return contextlib.nullcontext()
+    if _is_fake(example):
+        return torch.autograd.graph.saved_tensors_hooks(_pack_simulated, _unpack_simulated)
+    if example.device.type == "cuda":
+        return torch.autograd.graph.save_on_cpu(pin_memory=True)
+    return contextlib.nullcontext()
+
+
+# --------------------------------------------------------------------------------------------
+# What a configuration costs in time: counted FLOPs and bytes, estimated seconds
+# --------------------------------------------------------------------------------------------
+def step_flops(build: Callable[[], nn.Module], input_shape: Sequence[int], *, n_classes: int = 5,
+               backward: bool = True, dtype: torch.dtype = torch.float32,
+               target_shape: Sequence[int] | None = None,
+               loss_fn: Callable | None = None) -> int:
+    """FLOPs of one step of ``build()`` on an input of ``input_shape``: forward, and with
+    ``backward`` the backward pass too (recomputation included), counted by
+    ``torch.utils.flop_counter.FlopCounterMode`` under ``FakeTensorMode`` (no data, any size).
+    FlopCounterMode counts matrix multiplications and convolutions (2 FLOPs per multiply-add);
+    element-wise ops (BN, ReLU) are not counted."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .memory import default_dtype
+
+    with default_dtype(dtype), FakeTensorMode():
+        model = build()
+        x = torch.randn(tuple(input_shape))
+        if target_shape is None:
+            target = torch.randint(0, n_classes, (input_shape[0], *input_shape[2:]))
+            loss_fn = loss_fn or nn.functional.cross_entropy
+        else:
+            target = torch.randn(tuple(target_shape))
+            loss_fn = loss_fn or nn.functional.mse_loss
+        with FlopCounterMode(display=False) as counter:
+            if backward:
+                loss_fn(model(x), target).backward()
+            else:
+                with torch.no_grad():
+                    model(x)
+    return int(counter.get_total_flops())
+
+
+@dataclass
+class RecomputeCount:
+    """Counted FLOPs of a checkpointed step against the plain one."""
+
+    forward: int  # FLOPs of the plain forward
+    step: int  # FLOPs of the plain forward + backward
+    step_checkpointed: int  # FLOPs of the checkpointed forward + backward
+
+    @property
+    def recomputed(self) -> int:
+        return self.step_checkpointed - self.step
+
+    @property
+    def fraction_of_forward(self) -> float:
+        """Recomputed FLOPs as a fraction of one forward pass (1.0 = "one extra forward")."""
+        return self.recomputed / self.forward
+
+
+def recompute_fraction(build_plain: Callable[[], nn.Module], build_checkpointed: Callable[[], nn.Module],
+                       input_shape: Sequence[int], **kw) -> RecomputeCount:
+    """Count (``step_flops``) how much of the forward pass a checkpointed variant runs again."""
+    return RecomputeCount(
+        forward=step_flops(build_plain, input_shape, backward=False, **kw),
+        step=step_flops(build_plain, input_shape, **kw),
+        step_checkpointed=step_flops(build_checkpointed, input_shape, **kw),
+    )
+
+
+#: Assumed throughputs for the time *estimates* (not measurements; change them for your GPU):
+#: sustained dense fp16 tensor-core throughput of a mid-range GPU on convolutions, and PCIe
+#: 4.0 x16 host<->device bandwidth per direction with pinned memory.
+ASSUMED_GPU_FLOPS = 50e12
+ASSUMED_PCIE_BYTES_PER_S = 25e9
+
+
+@dataclass
+class CostEstimate:
+    """The extra time a memory-saving configuration costs per step, estimated on a CPU."""
+
+    recomputed_flops: int
+    offloaded_bytes: int  # saved-for-backward bytes copied to the host (and back)
+    gpu_flops: float = ASSUMED_GPU_FLOPS
+    pcie_bytes_per_s: float = ASSUMED_PCIE_BYTES_PER_S
+    method: str = ("estimate: FLOPs counted by FlopCounterMode under FakeTensorMode, bytes "
+                   "predicted; seconds at assumed throughputs")
+
+    @property
+    def recompute_s(self) -> float:
+        return self.recomputed_flops / self.gpu_flops
+
+    @property
+    def transfer_s(self) -> float:
+        """Both directions (to the host in forward, back in backward), not overlapped with
+        compute: an upper bound for a step that cannot hide the copies."""
+        return 2 * self.offloaded_bytes / self.pcie_bytes_per_s
+
+    @property
+    def extra_s(self) -> float:
+        return self.recompute_s + self.transfer_s
+
+
+def cost_estimate(build_plain: Callable[[], nn.Module], build: Callable[[], nn.Module],
+                  input_shape: Sequence[int], *, offload: bool = False,
+                  dtype: torch.dtype = torch.float32, n_classes: int = 5,
+                  autocast_dtype: torch.dtype | None = None, plain_flops: int | None = None,
+                  **assumed) -> CostEstimate:
+    """Estimated extra seconds per step of ``build`` over ``build_plain``: recomputed FLOPs
+    (``step_flops``) at ``ASSUMED_GPU_FLOPS``, plus, with ``offload``, the predicted
+    saved-for-backward bytes of ``build`` moved twice over PCIe at ``ASSUMED_PCIE_BYTES_PER_S``.
+    Keyword ``gpu_flops`` / ``pcie_bytes_per_s`` override the assumptions; ``plain_flops``
+    (``step_flops(build_plain, ...)``) saves recounting the plain step for every variant."""
+    from .memory import predict_step
+
+    if plain_flops is None:
+        plain_flops = step_flops(build_plain, input_shape, dtype=dtype, n_classes=n_classes)
+    extra = step_flops(build, input_shape, dtype=dtype, n_classes=n_classes) - plain_flops
+    moved = 0
+    if offload:  # what the step saves for backward when nothing is offloaded: what offload moves
+        with offload_suspended():
+            moved = predict_step(build, input_shape, n_classes=n_classes, dtype=dtype,
+                                 optimizer=None, autocast_dtype=autocast_dtype,
+                                 module_peaks=False).saved_peak
+    return CostEstimate(recomputed_flops=max(extra, 0), offloaded_bytes=moved, **assumed)
+
+
+# --------------------------------------------------------------------------------------------
+# Timing, done properly
+# --------------------------------------------------------------------------------------------
+def time_steps(builds: dict[str, Callable[[], nn.Module]], input_shape: Sequence[int], *,
+               reps: int = 7, n_classes: int = 5, device: str | torch.device = "cpu",
+               warmup: int = 1, seed: int = 0):
+    """Measured seconds of one training step (forward, backward, Adam) per variant.
+
+    Every variant is built once and warmed up; then ``reps`` rounds run each variant once, in
+    turn (interleaved, so that a slow phase of a shared machine hits every variant alike). Per
+    variant: the median, the minimum and the spread ``(max - min) / median`` of its repetitions;
+    ``noise`` is the largest spread of any variant -- differences between medians smaller than
+    it are not evidence. Returns a pandas DataFrame (seconds)."""
+    import pandas as pd
+
+    if reps < 3:
+        raise ValueError(f"reps must be >= 3 for a median and a spread, got {reps}")
+    dev = torch.device(device)
+    torch.manual_seed(seed)
+    x = torch.randn(tuple(input_shape), device=dev)
+    y = torch.randint(0, n_classes, (input_shape[0], *input_shape[2:]), device=dev)
+    runs = {}
+    for name, build in builds.items():
+        torch.manual_seed(seed)
+        model = build().to(dev)
+        runs[name] = (model, torch.optim.Adam(model.parameters()))
+
+    def step(model, opt) -> float:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return time.perf_counter() - t0
+
+    for model, opt in runs.values():
+        for _ in range(warmup):
+            step(model, opt)
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(reps):
+        for name, (model, opt) in runs.items():
+            times[name].append(step(model, opt))
+    rows = []
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        rows.append({"variant": name, "median s": med, "min s": min(ts),
+                     "spread %": 100 * (max(ts) - min(ts)) / med, "reps": reps})
+    df = pd.DataFrame(rows)
+    base = df["median s"].iloc[0]
+    df["vs first %"] = 100 * (df["median s"] / base - 1)
+    df.attrs["noise %"] = float(df["spread %"].max())
+    df.attrs["device"] = str(dev) + ("" if dev.type == "cuda" else
+                                     f" ({torch.get_num_threads()} threads)")
+    return df
+
+
+def report_times(df, digits: int = 4):
+    """``time_steps``' table for display: rounded, and "vs first %" replaced by "within noise"
+    wherever the difference is smaller than the measured noise."""
+    out = df.copy()
+    noise = df.attrs.get("noise %", 0.0)
+    out["vs first %"] = [f"{v:+.0f}" if abs(v) > noise else f"within noise (±{noise:.0f})"
+                         for v in df["vs first %"]]
+    for c in ("median s", "min s"):
+        out[c] = out[c].round(digits)
+    out["spread %"] = out["spread %"].round(0)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The single-block stand-in of earlier versions (kept importable; seed 004 is course_utils.densenet)
 # --------------------------------------------------------------------------------------------
 class DenseLayer(nn.Module):
     """BN -> ReLU -> Conv1x1 (bottleneck, 4 x growth) -> BN -> ReLU -> Conv3x3 (growth),
@@ -145,17 +477,15 @@ class DenseLayer(nn.Module):
 
     def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
         if self.efficient and torch.is_grad_enabled():
-            # the concatenation and the BN/ReLU on it are the quadratic part: recompute them
-            out = checkpoint(self._concat_bottleneck, *features, use_reentrant=False,
-                             context_fn=checkpoint_context(self.bottleneck))
+            out = checkpointed(self._concat_bottleneck, *features, bn_scope=self.bottleneck)
         else:
             out = self._concat_bottleneck(*features)
         return self.conv(out)
 
 
 class DenseBlock(nn.Module):
-    """``n_layers`` DenseLayers; each sees every earlier output. ``efficient=True`` stores no
-    concatenation: memory grows linearly instead of quadratically with depth."""
+    """One dense block with a stem and a head, at the input's resolution. Not seed 004's
+    network (that is ``course_utils.densenet.densenet169``): kept for code that still uses it."""
 
     def __init__(self, n_layers: int = 6, in_channels: int = 64, growth: int = 32,
                  efficient: bool = False, n_classes: int = 5):
@@ -170,3 +500,108 @@ class DenseBlock(nn.Module):
         for layer in self.layers:
             features.append(layer(features))
         return self.head(torch.cat(features, 1))
+
+
+# --------------------------------------------------------------------------------------------
+# Pictures and sweeps for notebook 07 (and the capstone)
+# --------------------------------------------------------------------------------------------
+#: the stacked-bar categories, bottom to top, and what each is called on the plot
+BAR_PARTS = (("Parameter", "parameters + buffers"), ("Gradient", "gradients"),
+             ("Optstate", "optimizer state (Adam)"), ("Activation", "activations"),
+             ("Temp", "temporaries"), ("Other", "other (input, target)"))
+
+
+def plot_breakdowns(breakdowns: dict[str, dict[str, int]], ax=None, title: str = "",
+                    budget_mib: float | None = None, budget_label: str = ""):
+    """Stacked bars, one per technique, of a predicted peak split into parameters (+ buffers),
+    gradients, optimizer state, activations, temporaries and other (``Prediction.breakdown``,
+    bytes), in MiB; an optional horizontal budget line."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.6 + 1.25 * len(breakdowns), 3.8))
+    names = list(breakdowns)
+    bottom = [0.0] * len(names)
+    for i, (key, label) in enumerate(BAR_PARTS):  # one fixed colour per category
+        vals = []
+        for n in names:
+            b = breakdowns[n]
+            v = b.get(key, 0) + (b.get("Buffer", 0) if key == "Parameter" else 0)
+            vals.append(v / 2**20)
+        if any(vals):
+            ax.bar(names, vals, bottom=bottom, label=label, color=f"C{i}")
+            bottom = [b + v for b, v in zip(bottom, vals)]
+    for i, top in enumerate(bottom):
+        ax.text(i, top, f"{top:,.0f}", ha="center", va="bottom", fontsize=8)
+    if budget_mib:
+        ax.axhline(budget_mib, color="black", ls="--", lw=1)
+        ax.text(-0.4, budget_mib, budget_label, ha="left", va="bottom", fontsize=8,
+                bbox=dict(facecolor="white", edgecolor="none", alpha=0.8, pad=1))
+    ax.set_ylabel("MiB at the peak (predicted)")
+    ax.set_ylim(0, max(bottom + [budget_mib or 0]) * 1.55)  # room for the legend above the bars
+    ax.tick_params(axis="x", labelrotation=20, labelsize=8)
+    ax.legend(fontsize=7, loc="upper right")
+    if title:
+        ax.set_title(title, fontsize=10)
+    return ax
+
+
+def sqrt_sweep(ns: Sequence[int] = (4, 8, 16, 32, 64), width: int = 4,
+               shape: Sequence[int] = (1, 1, 8, 16, 16)):
+    """For each depth n: the predicted peak of the plain stack and of the best segment count
+    among the divisors s of n within a factor 2 of sqrt(2n) (``SegmentedStack``, BN-safe), in
+    units of one layer's output ``a``. Returns a DataFrame and ``a`` in bytes."""
+    import math
+
+    import pandas as pd
+
+    from .memory import predict_step
+
+    a = shape[0] * width * math.prod(shape[2:]) * 4
+
+    def peak(n, s):
+        return predict_step(lambda: SegmentedStack(deep_stack(n, width), s), tuple(shape),
+                            n_classes=5, optimizer=None, module_peaks=False).peak
+
+    rows = []
+    for n in ns:
+        root = math.sqrt(2 * n)
+        cands = [s for s in range(1, n + 1) if n % s == 0 and root / 2 <= s <= 2 * root]
+        peaks = {s: peak(n, s) for s in cands}
+        best = min(peaks, key=lambda s: (peaks[s], s))
+        rows.append({"layers n": n, "segments tried": cands, "best s": best,
+                     "checkpointed peak / a": peaks[best] / a, "plain peak / a": peak(n, 0) / a})
+    df = pd.DataFrame(rows)
+    df.attrs["shape"] = tuple(shape)
+    return df, a
+
+
+def plot_sqrt_sweep(sweep, ax=None):
+    """Peak (in layer outputs ``a``) against depth n: the plain stack (linear) and the best
+    segment count, with the fitted ``k sqrt(n) + c``."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 3.6))
+    n = sweep["layers n"].to_numpy()
+    k, c = sqrt_fit(n, sweep["checkpointed peak / a"])
+    grid = np.linspace(n.min(), n.max(), 200)
+    ax.plot(n, sweep["plain peak / a"], "s-", color="grey", label="no checkpointing (predicted)")
+    ax.plot(n, sweep["checkpointed peak / a"], "o", color="C0",
+            label="best segment count (predicted)")
+    ax.plot(grid, k * np.sqrt(grid) + c, "--", color="C0", label=f"fit {k:.2f} sqrt(n) + {c:.1f}")
+    ax.set_xlabel("layers n")
+    ax.set_ylabel("peak / one layer's output")
+    ax.legend(fontsize=8, loc="upper left")
+    return k, c
+
+
+def phase_peaks(prediction) -> dict[str, int]:
+    """Live bytes at module boundaries, largest in the forward phase and in the backward phase
+    (from the prediction's hook table), and the step's peak."""
+    rows = prediction.log.rows
+    first_bwd = next((i for i, r in enumerate(rows) if r.hook.startswith("bwd")), len(rows))
+    fwd = max((r.tracked for r in rows[:first_bwd]), default=0)
+    bwd = max((r.tracked for r in rows[first_bwd:]), default=0)
+    return {"forward": fwd, "backward": bwd, "peak": prediction.peak}

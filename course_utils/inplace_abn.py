@@ -2,97 +2,164 @@
 
 Standard ``BatchNorm3d -> ReLU`` keeps two tensors per layer for backward: BN's input (the conv
 output) and the activation's output. In-Place ABN overwrites the conv output with
-``z = leaky_relu(BN(x))`` and keeps **only z**. Backward recovers what it needs by inverting:
+``z = leaky_relu(s * x_hat + beta)`` and keeps **only z**. Backward recovers what it needs by
+inverting:
 
 * leaky ReLU: ``y = z`` where ``z >= 0``, else ``y = z / slope`` -- invertible only for
   ``slope > 0`` (ReLU maps every negative value to 0: the pre-activation is lost);
-* the affine part of BN: ``x_hat = (y - beta) / gamma`` -- needs ``gamma != 0``.
+* the affine part of BN: ``x_hat = (y - beta) / s`` -- needs ``s != 0``.
 
-From ``x_hat``, ``dy`` and the saved per-channel ``1/std`` the usual BN gradient follows.
+**The scale is ``s = |gamma| + eps``, as in the paper's code** (``mapillary/inplace_abn`` uses
+``weight.abs() + eps`` in forward and backward). Plain BN's scale ``gamma`` can reach 0 (weight
+decay pushes it there); then ``y = beta`` everywhere, ``x_hat`` cannot be recovered and the
+division gives NaN gradients. ``|gamma| + eps`` is never below ``eps``. For ``gamma >= 0`` this
+is BatchNorm with ``gamma + eps`` (a relative difference of ``eps / gamma``); for ``gamma < 0``
+it is BatchNorm with ``|gamma|``, and the gradient of ``gamma`` carries the sign of ``gamma``.
+
+**Reduced precision** (a conv under ``torch.autocast`` hands over fp16/bf16): like
+``nn.BatchNorm``, the batch statistics, the running-statistics update and the per-channel
+gradient sums are computed in fp32, the output stays in the input's dtype. In fp16 a per-channel
+sum over seed 000's 2,496,000 values per channel overflows (fp16's largest value is 65,504):
+``var * count`` alone does for any variance above 0.027.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from torch import nn
+
+#: at most this many channel groups are converted to fp32 at once for the statistics of an
+#: fp16/bf16 input: the transient fp32 copy is 1/8 of the input's elements, not all of them
+_STAT_CHUNKS = 8
 
 
 def _channel_view(t: torch.Tensor, ndim: int) -> torch.Tensor:
     return t.view(1, -1, *([1] * (ndim - 2)))
 
 
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype statistics and gradient sums are accumulated in: fp64 stays fp64, every other
+    floating dtype (fp32, fp16, bf16) uses fp32 -- what ``nn.BatchNorm`` does under autocast."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def channel_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel biased variance and mean of ``x`` (channels in dim 1), in the accumulation
+    dtype. A reduced-precision input is converted a group of channels at a time."""
+    dims = [0, *range(2, x.dim())]
+    acc = accumulation_dtype(x.dtype)
+    if x.dtype == acc:
+        return torch.var_mean(x, dim=dims, correction=0)
+    step = max(1, math.ceil(x.shape[1] / _STAT_CHUNKS))
+    parts = [torch.var_mean(x[:, c:c + step].to(acc), dim=dims, correction=0)
+             for c in range(0, x.shape[1], step)]
+    return torch.cat([v for v, _ in parts]), torch.cat([m for _, m in parts])
+
+
+def check_abn_args(slope: float, eps: float, momentum: float | None) -> None:
+    """Raise a ValueError that names the fix for arguments In-Place ABN cannot work with."""
+    if not (isinstance(slope, (int, float)) and math.isfinite(slope) and slope > 0):
+        raise ValueError(
+            f"slope must be a finite number > 0, got {slope!r}: In-Place ABN inverts the "
+            "activation in backward and ReLU (slope 0) is not invertible -- every negative input "
+            "becomes 0 (a negative slope is not invertible either: signs are lost). Use a leaky "
+            "ReLU slope such as 0.01."
+        )
+    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
+        raise ValueError(
+            f"eps must be a finite number > 0, got {eps!r}: it keeps 1/sqrt(var + eps) finite "
+            "and the scale |gamma| + eps away from 0, which backward divides by. Use e.g. 1e-5."
+        )
+    if momentum is None:
+        raise ValueError("momentum=None (cumulative average) is not supported: give a float "
+                         "in [0, 1] such as 0.1")
+    if not (isinstance(momentum, (int, float)) and 0 <= momentum <= 1):
+        raise ValueError(f"momentum must be a number in [0, 1], got {momentum!r} (e.g. 0.1)")
+
+
 class InPlaceABNFunction(torch.autograd.Function):
-    """``z = leaky_relu(batch_norm(x), slope)`` written into ``x``; saves only ``z``."""
+    """``z = leaky_relu(batch_norm(x, scale=|weight| + eps), slope)`` written into ``x``;
+    saves only ``z`` (plus per-channel vectors: the scale, ``bias`` and ``1/std``)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                 running_mean: torch.Tensor | None, running_var: torch.Tensor | None,
                 training: bool, momentum: float, eps: float, slope: float) -> torch.Tensor:
-        dims = [0, *range(2, x.dim())]
-        count = x.numel() // x.shape[1]
+        check_abn_args(slope, eps, momentum)
+        nd = x.dim()
+        acc = accumulation_dtype(x.dtype)
         if training:
-            var, mean = torch.var_mean(x, dim=dims, unbiased=False)
+            count = x.numel() // x.shape[1]
+            if count < 2:
+                raise ValueError(
+                    f"In-Place ABN in training needs more than 1 value per channel, got input "
+                    f"shape {tuple(x.shape)}. Use a larger batch or volume, or eval() mode.")
+            var, mean = channel_stats(x)
             if running_mean is not None:
-                running_mean.mul_(1 - momentum).add_(mean.detach(), alpha=momentum)
-                running_var.mul_(1 - momentum).add_(var.detach() * count / (count - 1),
-                                                    alpha=momentum)
+                with torch.no_grad():
+                    unbiased = var * (count / (count - 1))
+                    running_mean.copy_(running_mean.to(acc) * (1 - momentum) + mean * momentum)
+                    running_var.copy_(running_var.to(acc) * (1 - momentum) + unbiased * momentum)
         else:
-            mean, var = running_mean, running_var
+            if running_mean is None or running_var is None:
+                raise ValueError("eval mode needs running_mean and running_var")
+            mean, var = running_mean.to(acc), running_var.to(acc)
         invstd = torch.rsqrt(var + eps)
-        scale = _channel_view(invstd * weight, x.dim())
-        x.sub_(_channel_view(mean, x.dim())).mul_(scale).add_(_channel_view(bias, x.dim()))
-        nn.functional.leaky_relu_(x, slope)
+        scale = weight.detach().to(acc).abs() + eps  # the paper's |gamma| + eps: never 0
+        with torch.no_grad():
+            x.sub_(_channel_view(mean, nd)).mul_(_channel_view(scale * invstd, nd))
+            x.add_(_channel_view(bias.detach().to(acc), nd))
+            nn.functional.leaky_relu_(x, slope)
         ctx.mark_dirty(x)
-        ctx.save_for_backward(x, weight, bias, invstd)
+        ctx.save_for_backward(x, scale, bias, invstd)
         ctx.training, ctx.slope = training, slope
+        ctx.weight_sign = torch.where(weight.detach() < 0, -1.0, 1.0).to(acc)  # d|w|/dw
         return x
 
     @staticmethod
     def backward(ctx: Any, dz: torch.Tensor):
         # Written for memory: each full-size temporary is reused in place, so that the saving in
-        # stored activations is not spent again on temporaries at the backward peak.
-        z, weight, bias, invstd = ctx.saved_tensors
+        # stored activations is not spent again on temporaries at the backward peak. Per-channel
+        # sums are accumulated in fp32 (fp64 for fp64) whatever the activations' dtype.
+        z, scale, bias, invstd = ctx.saved_tensors
         nd = z.dim()
         dims = [0, *range(2, nd)]
+        acc = accumulation_dtype(z.dtype)
         # invert leaky ReLU: its inverse is a leaky ReLU with slope 1/slope (y and z share signs),
         # and dy = dz * slope where z < 0: one new tensor each, no boolean masks
         x_hat = nn.functional.leaky_relu(z, 1.0 / ctx.slope)
         dy = torch.ops.aten.leaky_relu_backward(dz, z, ctx.slope, False)
-        # invert the affine part of BN: x_hat = (y - beta) / gamma
-        x_hat.sub_(_channel_view(bias, nd)).div_(_channel_view(weight, nd))
-        dbias = dy.sum(dims)
-        dweight = (dy * x_hat).sum(dims)
+        # invert the affine part: x_hat = (y - beta) / scale, scale = |gamma| + eps > 0
+        x_hat.sub_(_channel_view(bias.detach().to(acc), nd)).div_(_channel_view(scale, nd))
+        dbias = dy.sum(dims, dtype=acc)
+        dscale = (dy * x_hat).sum(dims, dtype=acc)
         dx = dy  # reuse dy's memory for dx
         if ctx.training:
             m = z.numel() // z.shape[1]
             dx.sub_(_channel_view(dbias / m, nd))
-            dx.sub_(x_hat.mul_(_channel_view(dweight / m, nd)))
+            dx.sub_(x_hat.mul_(_channel_view(dscale / m, nd)))
         del x_hat
-        dx.mul_(_channel_view(weight * invstd, nd))
-        return dx, dweight, dbias, None, None, None, None, None, None
+        dx.mul_(_channel_view(scale * invstd, nd))
+        dweight = (dscale * ctx.weight_sign).to(scale.dtype)
+        return dx, dweight, dbias.to(bias.dtype), None, None, None, None, None, None
 
 
 class InPlaceABN(nn.BatchNorm3d):
     """BatchNorm3d + LeakyReLU(slope) in one in-place op that stores only its output.
 
-    A drop-in for ``[BatchNorm3d(c), LeakyReLU(slope)]`` with the same parameters, buffers and
-    running-statistics update (cumulative averaging, ``momentum=None``, is not supported).
-    Its input is overwritten: use it right after a layer whose output nothing else needs, such
-    as a convolution.
+    The same parameters, buffers and running-statistics update as ``[BatchNorm3d(c),
+    LeakyReLU(slope)]``, with one difference taken from the paper's code: the scale is
+    ``|weight| + eps`` (never 0, so always invertible). Cumulative averaging (``momentum=None``)
+    is not supported. Its input is overwritten: use it right after a layer whose output nothing
+    else needs, such as a convolution. Works on inputs of any rank >= 2 (channels in dim 1).
     """
 
     def __init__(self, num_features: int, slope: float = 0.01, eps: float = 1e-5,
                  momentum: float = 0.1):
-        if not slope > 0:
-            raise ValueError(
-                f"slope must be > 0, got {slope}: In-Place ABN inverts the activation in backward "
-                "and ReLU (slope 0) is not invertible -- every negative input becomes 0. Use a "
-                "leaky ReLU slope such as 0.01."
-            )
-        if momentum is None:
-            raise ValueError("momentum=None (cumulative average) is not supported: give a float")
+        check_abn_args(slope, eps, momentum)
         super().__init__(num_features, eps=eps, momentum=momentum)
         self.slope = float(slope)
 
@@ -117,11 +184,147 @@ class InPlaceABN(nn.BatchNorm3d):
         return super().extra_repr() + f", slope={self.slope}"
 
 
+def reference_bn_leaky_relu(x: torch.Tensor, abn: InPlaceABN) -> torch.Tensor:
+    """What ``abn(x)`` computes, written with PyTorch's own ops (``F.batch_norm`` with the
+    scale ``|weight| + eps``, then ``F.leaky_relu``): the reference the tests compare with.
+    Updates ``abn``'s running statistics as ``abn(x)`` would."""
+    f = nn.functional
+    y = f.batch_norm(x, abn.running_mean, abn.running_var, abn.weight.abs() + abn.eps, abn.bias,
+                     abn.training, abn.momentum, abn.eps)
+    return f.leaky_relu(y, abn.slope)
+
+
 def inplace_abn(channels: int, slope: float = 0.01) -> list[nn.Module]:
     """``norm_act`` factory for ``UNet3D``/``DoubleConv``: one In-Place ABN per conv."""
     return [InPlaceABN(channels, slope=slope)]
 
 
 def bn_leaky_relu(channels: int, slope: float = 0.01) -> list[nn.Module]:
-    """The reference In-Place ABN must match: BatchNorm3d followed by LeakyReLU."""
+    """The pair In-Place ABN replaces: BatchNorm3d followed by LeakyReLU."""
     return [nn.BatchNorm3d(channels), nn.LeakyReLU(slope)]
+
+
+# --------------------------------------------------------------------------------------------
+# What is stored, and who made it (notebook 06)
+# --------------------------------------------------------------------------------------------
+#: readable names of the ops that produce stored tensors
+PRODUCER_NAMES = {
+    "convolution": "conv outputs",
+    "native_batch_norm": "BN outputs",
+    "_native_batch_norm_legit": "BN outputs",
+    "_native_batch_norm_legit_no_training": "BN outputs",
+    "relu": "ReLU outputs",
+    "leaky_relu": "LeakyReLU outputs",
+    "cat": "concatenations (U-Net skips + upsampled)",
+    "max_pool3d_with_indices": "max-pool outputs + indices",
+    "max_pool2d_with_indices": "max-pool outputs + indices",
+    "upsample_trilinear3d": "upsampled maps",
+    "constant_pad_nd": "padded maps",
+    "_log_softmax": "loss (log-softmax)",
+    "input": "the input",
+    "target": "the target (class indices)",
+}
+
+
+def saved_by_producer(model: nn.Module, x: torch.Tensor, target: torch.Tensor | None = None,
+                      loss_fn=nn.functional.cross_entropy):
+    """Saved-for-backward bytes of one forward (+ loss), grouped by the op that **produced**
+    each stored tensor (a conv output that In-Place ABN overwrote is still a conv output).
+    Each storage is counted once; parameters are left out. Returns a pandas DataFrame with
+    columns ``stored tensor``, ``MiB``, ``share %``, ``bytes`` (method: saved-tensor graph walk).
+
+    How: a ``TorchDispatchMode`` records which op created each storage (in-place ops and views
+    keep the creator), then ``memory.saved_tensors`` walks the autograd graph."""
+    import pandas as pd
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    from .memory import saved_tensors
+
+    class _Producers(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.owner: dict[int, str] = {}
+            self.keep: list[torch.Tensor] = []  # alive until the walk: no storage address reuse
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = func.overloadpacket.__name__
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    key = t.untyped_storage()._cdata
+                    if key not in self.owner:
+                        self.owner[key] = name
+                        self.keep.append(t)
+            return out
+
+    x = x.detach()
+    with _Producers() as rec:
+        rec.owner[x.untyped_storage()._cdata] = "input"
+        if target is not None:
+            rec.owner[target.untyped_storage()._cdata] = "target"
+        out = model(x)
+        loss = loss_fn(out, target) if target is not None else out.sum()
+    seen: dict[int, tuple[str, int]] = {}
+    for s in saved_tensors(loss, model.parameters()):
+        if not s.is_param and s.storage not in seen:
+            seen[s.storage] = (rec.owner.get(s.storage, "other"), s.nbytes)
+    total = sum(nbytes for _, nbytes in seen.values())
+    raw: dict[str, int] = {}
+    for op, nbytes in seen.values():
+        label = PRODUCER_NAMES.get(op, op)
+        raw[label] = raw.get(label, 0) + nbytes
+    groups: dict[str, int] = {}
+    for label, nbytes in raw.items():  # tiny groups: BN's per-channel mean/invstd, scalars
+        if nbytes < 0.001 * total:
+            label = "other (per-channel statistics, scalars)"
+        groups[label] = groups.get(label, 0) + nbytes
+    df = pd.DataFrame([{"stored tensor": k, "MiB": v / 2**20, "share %": 100 * v / total,
+                        "bytes": v} for k, v in sorted(groups.items(), key=lambda kv: -kv[1])])
+    df.attrs["total_bytes"] = total
+    return df.round({"MiB": 3, "share %": 1})
+
+
+def stored_per_unit(norm_act, channels: int = 4, units: int = 4, size: int = 8) -> dict[str, float]:
+    """For a stack of ``units`` x (Conv3d -> ``norm_act``) followed by one more Conv3d (so that
+    the last unit's output is stored too, as inside a network), the stored tensors per unit, in
+    layer-sized tensors, by producing op (``saved_by_producer``); the stack's input and the
+    per-channel statistics are left out. E.g. BN + ReLU: 1 conv output + 1 ReLU output."""
+    layers: list[nn.Module] = []
+    for _ in range(units):
+        layers += [nn.Conv3d(channels, channels, 3, padding=1), *norm_act(channels)]
+    net = nn.Sequential(*layers, nn.Conv3d(channels, channels, 3, padding=1))
+    x = torch.randn(2, channels, size, size, size)
+    df = saved_by_producer(net, x)
+    layer_bytes = x.numel() * x.element_size()
+    per_unit = {r["stored tensor"]: r["bytes"] / layer_bytes / units
+                for _, r in df.iterrows() if r["stored tensor"] != "the input"}
+    return {k: round(v, 2) for k, v in per_unit.items() if v >= 0.05}
+
+
+def plot_stored_per_unit(variants: dict[str, object], ax=None):
+    """Stacked horizontal bars: layer-sized tensors stored per conv unit for each norm +
+    activation variant (``stored_per_unit``), coloured by the op that produced them."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 0.6 + 0.55 * len(variants)))
+    data = {name: stored_per_unit(na) for name, na in variants.items()}
+    kinds = sorted({k for d in data.values() for k in d})
+    colours = dict(zip(kinds, plt.cm.tab10.colors))
+    names = list(data)[::-1]
+    for i, name in enumerate(names):
+        left = 0.0
+        for k in kinds:
+            v = data[name].get(k, 0.0)
+            if v:
+                ax.barh(i, v, left=left, color=colours[k], edgecolor="white",
+                        label=k if i == names.index(name) else None)
+                ax.text(left + v / 2, i, f"{v:.2g}", ha="center", va="center", fontsize=8)
+                left += v
+    ax.set_yticks(range(len(names)), names)
+    ax.set_xlabel("layer-sized tensors stored for backward, per conv unit (measured: graph walk)")
+    handles = {lbl: h for h, lbl in zip(*ax.get_legend_handles_labels())}
+    ax.legend(handles.values(), handles.keys(), fontsize=8, loc="lower right")
+    ax.set_xlim(0, max(sum(d.values()) for d in data.values()) * 1.45)
+    return data

@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-from .checkpointing import checkpointed
+from .checkpointing import checkpointed, offload_saved
 
 #: builds the normalisation + activation that follows each convolution, for ``channels`` channels.
 NormAct = Callable[[int], Sequence[nn.Module]]
@@ -40,7 +40,12 @@ def bn_relu_inplace(channels: int) -> list[nn.Module]:
 
 
 class DoubleConv(nn.Module):
-    """(Conv3d 3x3x3 -> norm -> activation) x 2. Middle channels = ``out_channels``."""
+    """(Conv3d 3x3x3 -> norm -> activation) x 2. Middle channels = ``out_channels``.
+
+    ``checkpoint`` (set by ``UNet3D``, default None): ``"double_conv"`` recomputes the whole
+    block in backward, ``"conv"`` each (conv -> norm -> activation) unit separately."""
+
+    checkpoint: str | None = None
 
     def __init__(self, in_channels: int, out_channels: int, norm_act: NormAct | None = None):
         super().__init__()
@@ -53,7 +58,16 @@ class DoubleConv(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.double_conv(x)
+        if self.checkpoint is None or not torch.is_grad_enabled():
+            return self.double_conv(x)
+        if self.checkpoint == "double_conv":
+            return checkpointed(self.double_conv, x)
+        # "conv": one checkpoint per unit that starts at a convolution
+        mods = list(self.double_conv)
+        starts = [i for i, m in enumerate(mods) if isinstance(m, nn.Conv3d)] + [len(mods)]
+        for a, b in zip(starts, starts[1:]):
+            x = checkpointed(self.double_conv[a:b], x)
+        return x
 
 
 class Down(nn.Module):
@@ -144,14 +158,25 @@ class UNet3D(nn.Module):
             ``default_decoder_channels``.
         norm_act: the norm + activation factory used in every DoubleConv (default BN + ReLU).
         checkpoint_levels: recompute each block in backward instead of storing its activations
-            (``torch.utils.checkpoint``, non-reentrant; notebook 07).
+            (``torch.utils.checkpoint``, non-reentrant; notebook 07). The same as
+            ``checkpoint="level"``.
+        checkpoint: the checkpointing granularity: None (off), ``"level"`` (each block: inc,
+            each Down, each Up), ``"double_conv"`` (each DoubleConv; pooling, upsampling and
+            concatenation stay outside) or ``"conv"`` (each conv -> norm -> activation unit).
         checkpoint_policy: a selective-checkpointing policy (e.g.
-            ``checkpointing.save_convolutions``): what to store inside a checkpointed block.
+            ``checkpointing.save_convolutions``): what to store inside a checkpointed block
+            (``"level"`` only).
         checkpoint_fix_bn: freeze BatchNorm running statistics while a block is recomputed, so
             that they are updated once per step, as without checkpointing.
         lean_up: every ``Up`` block casts its upsampled map to the skip's dtype at once and keeps
             no reference to it (``Up(lean=True)``): the same values, less memory under autocast.
+        offload_activations: copy what autograd saves to host memory during forward
+            (``torch.autograd.graph.save_on_cpu(pin_memory=True)`` on a GPU, simulated under
+            FakeTensorMode for predictions, nothing on a real CPU); see
+            ``checkpointing.offload_saved``. Combines with every checkpointing option.
     """
+
+    CHECKPOINT_MODES = (None, "level", "double_conv", "conv")
 
     def __init__(
         self,
@@ -165,8 +190,20 @@ class UNet3D(nn.Module):
         checkpoint_policy: Callable | None = None,
         checkpoint_fix_bn: bool = True,
         lean_up: bool = False,
+        checkpoint: str | None = None,
+        offload_activations: bool = False,
     ):
         super().__init__()
+        if checkpoint not in self.CHECKPOINT_MODES:
+            raise ValueError(f"checkpoint must be one of {self.CHECKPOINT_MODES}, got {checkpoint!r}")
+        if checkpoint_levels and checkpoint not in (None, "level"):
+            raise ValueError(f"checkpoint_levels=True means checkpoint='level'; got also "
+                             f"checkpoint={checkpoint!r}: pass one of them")
+        if checkpoint_levels:
+            checkpoint = "level"
+        if checkpoint_policy is not None and checkpoint != "level":
+            raise ValueError("checkpoint_policy (selective checkpointing) needs checkpoint='level' "
+                             "(or checkpoint_levels=True)")
         if levels < 2:
             raise ValueError(f"a U-Net needs at least 2 levels, got levels={levels}")
         enc = default_channels(levels, channels) if isinstance(channels, int) else tuple(channels)
@@ -181,8 +218,10 @@ class UNet3D(nn.Module):
             )
         self.levels, self.in_channels, self.n_classes = levels, in_channels, n_classes
         self.encoder_channels, self.decoder_channels = enc, dec
-        self.checkpoint_levels = checkpoint_levels
+        self.checkpoint = checkpoint
+        self.checkpoint_levels = checkpoint == "level"
         self.checkpoint_policy, self.checkpoint_fix_bn = checkpoint_policy, checkpoint_fix_bn
+        self.offload_activations = offload_activations
 
         self.inc = DoubleConv(in_channels, enc[0], norm_act)
         self.downs = nn.ModuleList(
@@ -196,6 +235,21 @@ class UNet3D(nn.Module):
             below = out
         self.ups = nn.ModuleList(ups)
         self.outc = OutConv(below, n_classes)
+        if checkpoint_policy is not None and any(
+                type(m).__name__ == "InPlaceABN"
+                for m in self.modules()):
+            raise ValueError(
+                "selective checkpointing (checkpoint_policy) cannot be combined with In-Place ABN: "
+                "the policy stores each convolution's output and In-Place ABN overwrites that "
+                "output in place (PyTorch refuses: 'Tensor cached during selective activation "
+                "checkpoint has been mutated'). Fix: full checkpointing (checkpoint='level', "
+                "'double_conv' or 'conv', no policy) works with In-Place ABN.")
+        if checkpoint in ("double_conv", "conv"):
+            if not checkpoint_fix_bn:
+                raise ValueError("checkpoint_fix_bn=False is only offered with checkpoint='level'")
+            for m in self.modules():
+                if isinstance(m, DoubleConv):
+                    m.checkpoint = checkpoint
 
     @property
     def min_size(self) -> int:
@@ -247,6 +301,10 @@ class UNet3D(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
+        with offload_saved(x, self.offload_activations and torch.is_grad_enabled()):
+            return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         skips = [self._run(self.inc, x)]
         for down in self.downs:
             skips.append(self._run(down, skips[-1]))

@@ -1,0 +1,259 @@
+"""Seed 004's network as it was: DenseNet-169 on 512 x 512 X-rays, naive and memory-efficient.
+
+Seed 004 (slides, 2022): "a large CNN model that can predict multiple outcomes from X-ray
+images", a DenseNet-169 ("DenseNet169 Model-based Parallelization", "DenseNet169 Gradient
+Checkpointing"), out of memory "with batch size as small as 8, after downsampling image to
+512 x 512". torchvision's ``densenet169`` cannot be imported beside the course's pinned CPU torch
+build, so the architecture is written out here, layer for layer as torchvision builds it
+(Huang et al. 2017, DenseNet-BC):
+
+* stem: Conv 7x7 stride 2 (64 channels) -> BN -> ReLU -> MaxPool 3x3 stride 2 (512 -> 128 px);
+* 4 dense blocks of (6, 12, 32, 32) layers, growth rate 32; each layer is
+  BN -> ReLU -> Conv 1x1 (bottleneck, 4 x 32 = 128 channels) -> BN -> ReLU -> Conv 3x3 (32),
+  applied to the **concatenation of every earlier feature map of its block**;
+* a transition after blocks 1-3: BN -> ReLU -> Conv 1x1 (compression 0.5) -> AvgPool 2;
+* BN, ReLU, global average pool, Linear.
+
+The course's choices, stated: **1 input channel** (grey-value X-rays; torchvision's 3 channels
+add 2 x 64 x 49 = 6,272 parameters) and **14 outputs** (the 14 observations of CheXpert, the data
+set the slides cite; multi-label, ``binary_cross_entropy_with_logits``). ``parameter_count``
+computes the count from the architecture by formula; with 3 channels and 1000 classes it gives
+torchvision's documented 14,149,480 (a test checks both).
+
+Why it runs out of memory: every dense layer concatenates all earlier outputs of its block and
+BatchNorm keeps that concatenation for backward -- memory quadratic in the block's depth.
+``memory_efficient=True`` (Pleiss et al. 2017, torchvision's ``memory_efficient=True``)
+recomputes concatenation + BN + ReLU + 1x1 conv in backward instead of storing them;
+``checkpoint_blocks=True`` recomputes whole dense blocks (what the slides' "gradient
+checkpointing" did, per block). Both keep BatchNorm's running statistics updated once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .checkpointing import checkpointed
+
+#: DenseNet-169 (torchvision's densenet169): growth 32, blocks (6, 12, 32, 32), bn_size 4,
+#: 64 initial features, compression 0.5
+DENSENET169 = dict(growth_rate=32, block_config=(6, 12, 32, 32), num_init_features=64, bn_size=4)
+#: torchvision's documented parameter count of densenet169 (3 input channels, 1000 classes)
+TORCHVISION_DENSENET169_PARAMS = 14_149_480
+#: seed 004's input: 512 x 512 X-rays (downsampled from about 2000 x 2000), batch 8
+SEED004_IMAGE = (512, 512)
+SEED004_BATCH = 8
+#: the course's stated choice of outputs: CheXpert's 14 observations, multi-label
+SEED004_CLASSES = 14
+
+
+class DenseLayer(nn.Module):
+    """BN -> ReLU -> Conv1x1 (bn_size x growth) -> BN -> ReLU -> Conv3x3 (growth), applied to
+    the concatenation of its inputs. ``memory_efficient``: the concatenation and the first
+    BN/ReLU/conv are recomputed in backward (their outputs are not stored)."""
+
+    def __init__(self, in_channels: int, growth_rate: int, bn_size: int,
+                 memory_efficient: bool = False):
+        super().__init__()
+        self.norm1 = nn.BatchNorm2d(in_channels)
+        self.relu1 = nn.ReLU(inplace=True)
+        self.conv1 = nn.Conv2d(in_channels, bn_size * growth_rate, 1, bias=False)
+        self.norm2 = nn.BatchNorm2d(bn_size * growth_rate)
+        self.relu2 = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(bn_size * growth_rate, growth_rate, 3, padding=1, bias=False)
+        self.memory_efficient = memory_efficient
+
+    def bottleneck(self, *features: torch.Tensor) -> torch.Tensor:
+        return self.conv1(self.relu1(self.norm1(torch.cat(features, 1))))
+
+    def forward(self, features: Sequence[torch.Tensor]) -> torch.Tensor:
+        if self.memory_efficient and torch.is_grad_enabled() and any(
+                f.requires_grad for f in features):
+            # BN-safe: norm1's running statistics are frozen while it is recomputed
+            out = checkpointed(self.bottleneck, *features, bn_scope=self.norm1)
+        else:
+            out = self.bottleneck(*features)
+        return self.conv2(self.relu2(self.norm2(out)))
+
+
+class DenseBlock(nn.Module):
+    """``n_layers`` DenseLayers; each sees every earlier output of the block. Returns the
+    concatenation of the block's input and every new feature map."""
+
+    def __init__(self, n_layers: int, in_channels: int, growth_rate: int = 32, bn_size: int = 4,
+                 memory_efficient: bool = False):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            DenseLayer(in_channels + i * growth_rate, growth_rate, bn_size, memory_efficient)
+            for i in range(n_layers))
+        self.out_channels = in_channels + n_layers * growth_rate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = [x]
+        for layer in self.layers:
+            features.append(layer(features))
+        return torch.cat(features, 1)
+
+
+class Transition(nn.Sequential):
+    """BN -> ReLU -> Conv1x1 (compression) -> AvgPool2d(2): halves resolution and channels."""
+
+    def __init__(self, in_channels: int, out_channels: int):
+        super().__init__(nn.BatchNorm2d(in_channels), nn.ReLU(inplace=True),
+                         nn.Conv2d(in_channels, out_channels, 1, bias=False), nn.AvgPool2d(2))
+
+
+class DenseNet(nn.Module):
+    """DenseNet-BC for 2D images (torchvision's layout; defaults: DenseNet-169, 1 channel,
+    14 outputs).
+
+    Args:
+        memory_efficient: recompute each layer's concatenation + BN + ReLU + 1x1 conv in
+            backward (Pleiss et al. 2017).
+        checkpoint_blocks: recompute each dense block (and the transition after it) in
+            backward, storing only its input (checkpointing per block, as in seed 004's slides).
+    """
+
+    def __init__(self, growth_rate: int = 32, block_config: Sequence[int] = (6, 12, 32, 32),
+                 num_init_features: int = 64, bn_size: int = 4, in_channels: int = 1,
+                 num_classes: int = SEED004_CLASSES, memory_efficient: bool = False,
+                 checkpoint_blocks: bool = False):
+        super().__init__()
+        self.in_channels, self.num_classes = in_channels, num_classes
+        self.checkpoint_blocks = checkpoint_blocks
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, num_init_features, 7, stride=2, padding=3, bias=False),
+            nn.BatchNorm2d(num_init_features), nn.ReLU(inplace=True),
+            nn.MaxPool2d(3, stride=2, padding=1))
+        stages = []
+        c = num_init_features
+        for i, n in enumerate(block_config):
+            block = DenseBlock(n, c, growth_rate, bn_size, memory_efficient)
+            c = block.out_channels
+            if i < len(block_config) - 1:
+                stages.append(nn.Sequential(block, Transition(c, c // 2)))
+                c //= 2
+            else:
+                stages.append(nn.Sequential(block))
+        self.stages = nn.ModuleList(stages)
+        self.norm5 = nn.BatchNorm2d(c)
+        self.classifier = nn.Linear(c, num_classes)
+        self.num_features = c
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(
+                f"DenseNet expects (batch, {self.in_channels}, height, width), got shape "
+                f"{tuple(x.shape)}. Fix: add the channel dim (x[:, None]) or build with "
+                f"in_channels={x.shape[1] if x.dim() == 4 else '...'}.")
+        if min(x.shape[2:]) < 32:
+            raise ValueError(f"images must be at least 32 x 32 (5 halvings), got {tuple(x.shape[2:])}")
+        x = self.stem(x)
+        for stage in self.stages:
+            if self.checkpoint_blocks and torch.is_grad_enabled():
+                x = checkpointed(stage, x)
+            else:
+                x = stage(x)
+        x = F.relu(self.norm5(x), inplace=True)
+        return self.classifier(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def densenet169(**kwargs) -> DenseNet:
+    """DenseNet-169 with seed 004's stated choices (1 channel, 14 outputs) unless overridden."""
+    return DenseNet(**{**DENSENET169, **kwargs})
+
+
+def parameter_count(growth_rate: int = 32, block_config: Sequence[int] = (6, 12, 32, 32),
+                    num_init_features: int = 64, bn_size: int = 4, in_channels: int = 1,
+                    num_classes: int = SEED004_CLASSES) -> int:
+    """The number of trainable parameters of ``DenseNet(...)``, by formula (no model built):
+    convs have no bias, each BatchNorm has 2 per channel, the classifier has a bias."""
+    bottleneck = bn_size * growth_rate
+    total = in_channels * num_init_features * 7 * 7 + 2 * num_init_features  # conv0, norm0
+    c = num_init_features
+    for i, n in enumerate(block_config):
+        for j in range(n):
+            c_in = c + j * growth_rate
+            total += 2 * c_in + c_in * bottleneck  # norm1, conv1 (1x1)
+            total += 2 * bottleneck + bottleneck * growth_rate * 9  # norm2, conv2 (3x3)
+        c += n * growth_rate
+        if i < len(block_config) - 1:
+            total += 2 * c + c * (c // 2)  # transition: norm, conv 1x1
+            c //= 2
+    return total + 2 * c + c * num_classes + num_classes  # norm5, classifier
+
+
+def seed004_step_args(batch: int = SEED004_BATCH, image: Sequence[int] = SEED004_IMAGE,
+                      in_channels: int = 1, num_classes: int = SEED004_CLASSES) -> dict:
+    """``predict_step`` arguments for seed 004's training step: images (batch, 1, 512, 512),
+    multi-label targets (batch, 14), binary cross-entropy on the logits."""
+    return dict(input_shape=(batch, in_channels, *image), target_shape=(batch, num_classes),
+                loss_fn=F.binary_cross_entropy_with_logits)
+
+
+def predict_seed004(build: Callable[[], nn.Module], batch: int = SEED004_BATCH, **kwargs):
+    """``predict_step`` of seed 004's step (Adam; ``dtype`` / ``autocast_dtype`` passed on)."""
+    from .memory import predict_step
+
+    kwargs.setdefault("module_peaks", False)
+    return predict_step(build, **seed004_step_args(batch), **kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# Does it fit? Cards, stated assumptions, the largest batch
+# --------------------------------------------------------------------------------------------
+#: Assumptions (stated, not measured): memory on the card that tensors cannot use -- the CUDA
+#: context with cuDNN/cuBLAS handles (300-500 MiB, never in ``memory_allocated``) and an
+#: allowance for cuDNN convolution workspaces and the allocator's rounding.
+CUDA_CONTEXT_MIB = 500
+WORKSPACE_MIB = 512
+#: GPU classes of 2022 by memory (a "6 GB" card has 6 GiB); the slides name none
+CARDS_GIB = {"6 GB (GTX 1060 / RTX 2060)": 6, "8 GB (GTX 1080 / RTX 2080 / 3070)": 8,
+             "11 GB (GTX 1080 Ti / RTX 2080 Ti)": 11, "12 GB (K80 per GPU / Titan Xp)": 12,
+             "16 GB (V100 / T4)": 16}
+
+
+def usable_bytes(card_gib: float) -> int:
+    """Bytes left for tensors on a card of ``card_gib`` GiB, after the assumed CUDA context and
+    workspace allowance."""
+    return int(card_gib * 2**30 - (CUDA_CONTEXT_MIB + WORKSPACE_MIB) * 2**20)
+
+
+def steady_state(breakdown: dict[str, int]) -> dict[str, int]:
+    """The breakdown of a step from the second on: Adam's two moments (2 x the parameter bytes)
+    resident during forward and backward. A breakdown that already has them is returned as is."""
+    out = dict(breakdown)
+    if not out.get("Optstate"):
+        out["Optstate"] = 2 * out["Parameter"]
+        out["Total"] = out["Total"] + out["Optstate"]
+    return out
+
+
+@dataclass
+class BatchModel:
+    """Predicted steady-state peak as a function of the batch: ``fixed + batch * per_sample``.
+    Parameters, buffers, gradients and optimizer state do not grow with the batch; activations,
+    temporaries and the input do (linearly, for a conv net: checked in the tests)."""
+
+    fixed: int
+    per_sample: int
+    breakdown: dict[str, int]  # steady-state breakdown at the predicted batch
+    batch: int
+
+    def peak(self, batch: int) -> int:
+        return self.fixed + batch * self.per_sample
+
+    def largest_batch(self, budget_bytes: int) -> int:
+        return max(0, (budget_bytes - self.fixed) // self.per_sample)
+
+
+def batch_model(prediction, batch: int = SEED004_BATCH) -> BatchModel:
+    """``BatchModel`` from one ``predict_step`` result at ``batch``."""
+    b = steady_state(prediction.breakdown)
+    fixed = b["Parameter"] + b["Buffer"] + b["Gradient"] + b["Optstate"]
+    return BatchModel(fixed=fixed, per_sample=-(-(b["Total"] - fixed) // batch), breakdown=b,
+                      batch=batch)
