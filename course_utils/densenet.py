@@ -206,11 +206,9 @@ def predict_seed004(build: Callable[[], nn.Module], batch: int = SEED004_BATCH, 
 # --------------------------------------------------------------------------------------------
 # Does it fit? Cards, stated assumptions, the largest batch
 # --------------------------------------------------------------------------------------------
-#: Assumptions (stated, not measured): memory on the card that tensors cannot use -- the CUDA
-#: context with cuDNN/cuBLAS handles (300-500 MiB, never in ``memory_allocated``) and an
-#: allowance for cuDNN convolution workspaces and the allocator's rounding.
-CUDA_CONTEXT_MIB = 500
-WORKSPACE_MIB = 512
+#: Memory on the card that tensors cannot use -- the CUDA context, and slack for cuDNN
+#: workspaces and the allocator -- is ``explorer.Overheads`` (stated assumptions, or measured
+#: figures once a GPU run has been recorded): one model for every budget of the course.
 #: GPU classes of 2022 by memory (a "6 GB" card has 6 GiB); the slides name none
 CARDS_GIB = {"6 GB (GTX 1060 / RTX 2060)": 6, "8 GB (GTX 1080 / RTX 2080 / 3070)": 8,
              "11 GB (GTX 1080 Ti / RTX 2080 Ti)": 11, "12 GB (K80 per GPU / Titan Xp)": 12,
@@ -218,9 +216,13 @@ CARDS_GIB = {"6 GB (GTX 1060 / RTX 2060)": 6, "8 GB (GTX 1080 / RTX 2080 / 3070)
 
 
 def usable_bytes(card_gib: float) -> int:
-    """Bytes left for tensors on a card of ``card_gib`` GiB, after the assumed CUDA context and
-    workspace allowance."""
-    return int(card_gib * 2**30 - (CUDA_CONTEXT_MIB + WORKSPACE_MIB) * 2**20)
+    """The largest predicted peak (``max_memory_allocated``) whose step fits a card of
+    ``card_gib`` GiB: the card less the CUDA context, divided by 1 + the slack for workspaces and
+    the allocator -- the same ``explorer.Overheads`` the U-Net's budget uses (stated there)."""
+    from .explorer import overheads
+
+    over = overheads()
+    return int((card_gib * 2**30 - over.context_mib * 2**20) / (1 + over.slack))
 
 
 def steady_state(breakdown: dict[str, int]) -> dict[str, int]:
