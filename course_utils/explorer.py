@@ -35,7 +35,11 @@ PRECISIONS = {
     "autocast fp16": (torch.float32, torch.float16),
     "autocast bf16": (torch.float32, torch.bfloat16),
 }
-CHECKPOINTING = ("none", "every level", "selective (save convs)")
+CHECKPOINTING = ("none", "every level", "every DoubleConv", "every conv", "selective (save convs)")
+#: the UNet3D options each checkpointing choice means
+_CHECKPOINT_ARGS = {"none": {}, "every level": {"checkpoint": "level"},
+                    "every DoubleConv": {"checkpoint": "double_conv"}, "every conv": {"checkpoint": "conv"},
+                    "selective (save convs)": {"checkpoint": "level", "checkpoint_policy": save_convolutions}}
 BUDGETS_GIB = (8, 12, 16, 24, 40, 80)
 #: the batch each configuration is predicted at (BatchNorm needs 2 values per channel: a
 #: 1-voxel deepest level at batch 1 would fail); other batches are scaled from it
@@ -86,11 +90,13 @@ class Config:
     budget_gib: int = 8
     seed000: bool = True  # at 64 channels, 5 or 4 levels: seed 000's exact large / small nets
     lean_up: bool = False  # Up casts the upsampled map to the skip's dtype at once (notebook 04)
+    offload: bool = False  # saved activations go to host memory (save_on_cpu, notebook 07)
 
     def model_key(self) -> tuple:
         """What the cached predictions depend on (not batch, ranks or budget)."""
         return (self.levels, self.base_channels, tuple(self.volume), self.precision,
-                self.inplace_relu, self.inplace_abn, self.checkpointing, self.seed000, self.lean_up)
+                self.inplace_relu, self.inplace_abn, self.checkpointing, self.seed000, self.lean_up,
+                self.offload)
 
     def describe(self) -> str:
         """The configuration in words, e.g. 'autocast fp16 + in-place ReLU + checkpointing'."""
@@ -99,6 +105,8 @@ class Config:
                                                           (self.inplace_abn, "In-Place ABN")) if on]
         if self.checkpointing != "none":
             parts.append(f"checkpointing ({self.checkpointing})")
+        if self.offload:
+            parts.append("offload to host")
         return " + ".join(parts)
 
 
@@ -125,9 +133,7 @@ def _validate(cfg: Config) -> None:
 def build(cfg: Config) -> UNet3D:
     """The U-Net a configuration describes."""
     norm_act = inplace_abn if cfg.inplace_abn else (bn_relu_inplace if cfg.inplace_relu else bn_relu)
-    ckpt = dict(checkpoint_levels=cfg.checkpointing != "none",
-                checkpoint_policy=save_convolutions if cfg.checkpointing.startswith("selective") else None,
-                lean_up=cfg.lean_up)
+    ckpt = dict(_CHECKPOINT_ARGS[cfg.checkpointing], lean_up=cfg.lean_up, offload_activations=cfg.offload)
     if cfg.seed000 and cfg.base_channels == 64 and cfg.levels in (4, 5):
         from .unet import SEED000_VARIANTS
 
@@ -142,17 +148,27 @@ PARTS = {"params": ("Parameter", "Buffer"), "grads": ("Gradient",), "optimizer":
          "activations": ("Activation",), "temporaries": ("Temp", "Other")}
 
 
+def _config_of(key: tuple) -> Config:
+    return Config(levels=key[0], base_channels=key[1], volume=key[2], precision=key[3],
+                  inplace_relu=key[4], inplace_abn=key[5], checkpointing=key[6], seed000=key[7],
+                  lean_up=key[8], offload=key[9])
+
+
 @functools.lru_cache(maxsize=256)
-def _lines(key: tuple) -> dict[str, tuple[float, float]]:
-    """Each part of the predicted peak as (fixed bytes, bytes per sample)."""
-    cfg = Config(levels=key[0], base_channels=key[1], volume=key[2], precision=key[3],
-                 inplace_relu=key[4], inplace_abn=key[5], checkpointing=key[6], seed000=key[7],
-                 lean_up=key[8])
+def _probe(key: tuple) -> dict[str, Any]:
+    """The configuration's steady-state step predicted at the probe batch: each part of the peak
+    as (fixed bytes, bytes per sample), and the saved-for-backward bytes."""
+    cfg = _config_of(key)
     dtype, ac = PRECISIONS[cfg.precision]
     p = predict_step(lambda: build(cfg), (PROBE_BATCH, 1, *cfg.volume), n_classes=5, dtype=dtype,
                      autocast_dtype=ac, module_peaks=False)
     parts = {k: sum(p.breakdown[c] for c in cats) for k, cats in PARTS.items()}
-    return {k: (0.0, v / PROBE_BATCH) if k in PER_SAMPLE else (float(v), 0.0) for k, v in parts.items()}
+    lines = {k: (0.0, v / PROBE_BATCH) if k in PER_SAMPLE else (float(v), 0.0) for k, v in parts.items()}
+    return {"lines": lines, "saved": p.saved_peak}
+
+
+def _lines(key: tuple) -> dict[str, tuple[float, float]]:
+    return _probe(key)["lines"]
 
 
 @dataclass
@@ -182,7 +198,7 @@ class Estimate:
     def row(self) -> dict[str, Any]:
         c = self.config
         return {"precision": c.precision, "lean Up": c.lean_up, "in-place ReLU": c.inplace_relu,
-                "In-Place ABN": c.inplace_abn,
+                "In-Place ABN": c.inplace_abn, "offload": c.offload,
                 "checkpointing": c.checkpointing, "ranks": c.dp_ranks, "batch/GPU": self.local_batch,
                 **{f"{k} MiB": round(v / MiB) for k, v in self.parts.items()},
                 "total MiB": round(self.total / MiB), "card needs MiB": round(self.card_needs / MiB),
@@ -219,10 +235,15 @@ def table(configs: list[Config]):
     return pd.DataFrame([estimate(c).row() for c in configs])
 
 
-def all_combinations(base: Config, precisions=None, lean_up=(False,)) -> list[Config]:
-    """Every valid combination of precision x activation trick x checkpointing (x lean Up, for
-    the values in ``lean_up``), on ``base``. In-Place ABN with selective checkpointing is left
-    out (they cannot be combined), and lean Up is only tried under autocast (elsewhere the
+#: the checkpointing choices of notebooks 07 and 10's first table (finer ones: ``CHECKPOINTING``)
+BASIC_CHECKPOINTING = ("none", "every level", "selective (save convs)")
+
+
+def all_combinations(base: Config, precisions=None, lean_up=(False,), checkpointing=BASIC_CHECKPOINTING,
+                     offload=(False,)) -> list[Config]:
+    """Every valid combination of precision x activation trick x checkpointing (x lean Up and
+    offload, for the values given), on ``base``. In-Place ABN with selective checkpointing is
+    left out (they cannot be combined), and lean Up is only tried under autocast (elsewhere the
     upsampled map already has the skip's dtype)."""
     out = []
     for prec in precisions or PRECISIONS:
@@ -230,12 +251,69 @@ def all_combinations(base: Config, precisions=None, lean_up=(False,)) -> list[Co
             if lean and PRECISIONS[prec][1] is None:
                 continue
             for relu, abn in ((False, False), (True, False), (False, True)):
-                for ck in CHECKPOINTING:
+                for ck in checkpointing:
                     if abn and ck.startswith("selective"):
                         continue
-                    out.append(replace(base, precision=prec, inplace_relu=relu, inplace_abn=abn,
-                                       checkpointing=ck, lean_up=lean))
+                    for off in offload:
+                        out.append(replace(base, precision=prec, inplace_relu=relu, inplace_abn=abn,
+                                           checkpointing=ck, lean_up=lean, offload=off))
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# Time: what each configuration costs, estimated on a CPU (measured on a GPU by the benchmark)
+# --------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=64)
+def _flops(key: tuple) -> int:
+    """FLOPs of one training step at the probe batch (forward, backward, recomputation)."""
+    from .checkpointing import step_flops
+
+    cfg = Config(levels=key[0], base_channels=key[1], volume=key[2], checkpointing=key[3],
+                 seed000=key[4], precision="fp32")
+    return step_flops(lambda: build(cfg), (PROBE_BATCH, 1, *cfg.volume))
+
+
+@dataclass(frozen=True)
+class Cost:
+    flops: int  # per step at the configuration's batch
+    offloaded_bytes: int  # saved activations copied to the host and back
+    seconds: float  # estimated: flops / gpu_flops + 2 x offloaded / pcie
+    method: str
+
+
+def step_cost(cfg: Config) -> Cost:
+    """Estimated seconds per step on one GPU: the step's FLOPs (``FlopCounterMode`` under
+    FakeTensorMode, recomputation included) at ``checkpointing.ASSUMED_GPU_FLOPS``, plus, with
+    offload, the saved activations moved to the host and back at ``ASSUMED_PCIE_BYTES_PER_S``,
+    not overlapped with compute. One throughput for every precision (tensor cores make 16-bit
+    faster on a real GPU): the estimate ranks checkpointing and offload, not precisions."""
+    from .checkpointing import ASSUMED_GPU_FLOPS, ASSUMED_PCIE_BYTES_PER_S
+
+    _validate(cfg)
+    local = -(-cfg.batch // cfg.dp_ranks)
+    flops = _flops((cfg.levels, cfg.base_channels, tuple(cfg.volume), cfg.checkpointing, cfg.seed000))
+    flops = int(flops * local / PROBE_BATCH)
+    moved = 0
+    if cfg.offload:
+        twin = _saved(replace(cfg, offload=False).model_key())
+        moved = int(twin * local / PROBE_BATCH)
+    secs = flops / ASSUMED_GPU_FLOPS + 2 * moved / ASSUMED_PCIE_BYTES_PER_S
+    return Cost(flops, moved, secs,
+                f"estimate: counted FLOPs at {ASSUMED_GPU_FLOPS / 1e12:.0f} TFLOP/s"
+                + (f", host copies at {ASSUMED_PCIE_BYTES_PER_S / 1e9:.0f} GB/s" if cfg.offload else "")
+                + " (assumed throughputs)")
+
+
+def _saved(key: tuple) -> int:
+    """Saved-for-backward bytes at the probe batch: what offloading would move."""
+    return _probe(key)["saved"]
+
+
+def pareto(points: list[tuple[float, float]]) -> list[bool]:
+    """For (time, memory) points: True where no other point is at least as good in both and
+    better in one (the memory-time frontier)."""
+    return [not any((t2 <= t and m2 <= m) and (t2 < t or m2 < m) for t2, m2 in points)
+            for t, m in points]
 
 
 COLORS = {"params": "#4c72b0", "grads": "#55a868", "optimizer": "#c44e52", "activations": "#8172b2",

@@ -155,6 +155,21 @@ def _seed004_checkpointing() -> tuple[str, str]:
             "predicted, large net, fp16, full size")
 
 
+def _seed004_densenet() -> tuple[str, str]:
+    from . import densenet as dn
+
+    out = {}
+    for name, kw in (("naive", {}), ("memory-efficient", {"memory_efficient": True})):
+        pred = dn.predict_seed004(lambda kw=kw: dn.densenet169(**kw))
+        out[name] = dn.batch_model(pred)
+    six, eight = dn.usable_bytes(6), dn.usable_bytes(8)
+    return (f"batch 8 at 512^2, fp32: {_mib(out['naive'].peak(8))} MiB; largest batch on a 6 GB card "
+            f"{out['naive'].largest_batch(six)} naive -> {out['memory-efficient'].largest_batch(six)} "
+            f"memory-efficient (8 GB: {out['naive'].largest_batch(eight)} -> "
+            f"{out['memory-efficient'].largest_batch(eight)})",
+            "predicted, DenseNet-169 (1 channel, 14 outputs), Adam, steady state; card overheads as the explorer's")
+
+
 def _seed004_data_parallel() -> tuple[str, str]:
     from dataclasses import replace
 
@@ -202,6 +217,8 @@ HEADLINES: list[tuple[str, str, str, Callable[[], tuple[str, str]], bool]] = [
     ("seed002_inplace", "seed 002: in-place ReLU", '"no extra memory needed"', _seed002_inplace, False),
     ("seed002_abn", "seed 002: In-Place ABN (leaky ReLU) vs BN + ReLU", "up to 50 % less (paper)", _seed002_abn, False),
     ("seed004_checkpointing", "seed 004: checkpointing, seed 000 U-Net", "O(sqrt(n)) memory", _seed004_checkpointing, False),
+    ("seed004_densenet", "seed 004: DenseNet-169 on 512 x 512 X-rays, batch 8", "out of memory at batch 8",
+     _seed004_densenet, False),
     ("seed004_dp", "seed 004: data parallel, seed 000 U-Net", '"each GPU gets fewer images"', _seed004_data_parallel, False),
     ("seed004_bn", "seed 004: BatchNorm under DDP", '"unstable training"', _seed004_bn, False),
     ("capstone", "capstone: seed 000 large net, largest batch in an 8 GiB card, fp32 master weights",

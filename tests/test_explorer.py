@@ -92,3 +92,28 @@ def test_table_and_widget_build():
 
     box = explorer(SMALL)
     assert len(box.children) == 5
+
+
+def test_frontier_switches_build_the_right_net_and_cost_time():
+    from course_utils.explorer import CHECKPOINTING, all_combinations, step_cost
+
+    for ck in CHECKPOINTING:
+        net = build(replace(SMALL, checkpointing=ck))
+        assert (net.checkpoint is None) == (ck == "none")
+        assert (net.checkpoint_policy is not None) == ck.startswith("selective")
+    assert build(replace(SMALL, offload=True)).offload_activations
+    plain, off = replace(SMALL, batch=4), replace(SMALL, batch=4, offload=True)
+    assert estimate(off).total < estimate(plain).total
+    assert step_cost(off).seconds > step_cost(plain).seconds and step_cost(off).offloaded_bytes > 0
+    ck = replace(SMALL, batch=4, checkpointing="every level")
+    assert step_cost(ck).flops > step_cost(plain).flops  # the recomputed forward
+    assert step_cost(replace(plain, batch=8)).flops == 2 * step_cost(plain).flops
+    assert len(all_combinations(SMALL, precisions=["fp32"], checkpointing=CHECKPOINTING, offload=(False, True))) \
+        == (3 * 5 - 1) * 2
+
+
+def test_pareto():
+    from course_utils.explorer import pareto
+
+    points = [(1.0, 10.0), (2.0, 5.0), (2.5, 6.0), (3.0, 1.0), (1.0, 12.0)]
+    assert pareto(points) == [True, True, False, True, False]
