@@ -103,8 +103,10 @@ class Config:
         parts = [self.precision] + [name for on, name in ((self.lean_up, "lean Up"),
                                                           (self.inplace_relu, "in-place ReLU"),
                                                           (self.inplace_abn, "In-Place ABN")) if on]
-        if self.checkpointing != "none":
-            parts.append(f"checkpointing ({self.checkpointing})")
+        if self.checkpointing.startswith("selective"):
+            parts.append("selective checkpointing (save convs)")
+        elif self.checkpointing != "none":
+            parts.append(f"checkpointing {self.checkpointing}")
         if self.offload:
             parts.append("offload to host")
         return " + ".join(parts)
