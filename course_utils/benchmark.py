@@ -36,6 +36,9 @@ TECHNIQUES: dict[str, dict[str, Any]] = {
     "in-place ReLU": dict(precision="fp32", inplace_relu=True),
     "In-Place ABN": dict(precision="fp32", inplace_abn=True),
     "checkpointing": dict(precision="fp32", checkpointing="every level"),
+    "checkpointing every DoubleConv": dict(precision="fp32", checkpointing="every DoubleConv"),
+    "checkpointing every conv": dict(precision="fp32", checkpointing="every conv"),
+    "offload to host": dict(precision="fp32", offload=True),
     "selective checkpointing": dict(precision="fp32", checkpointing="selective (save convs)"),
     "autocast fp16 + in-place ReLU + checkpointing": dict(precision="autocast fp16", inplace_relu=True,
                                                           checkpointing="every level"),
@@ -45,6 +48,8 @@ TECHNIQUES: dict[str, dict[str, Any]] = {
     "autocast fp16 + lean Up": dict(precision="autocast fp16", lean_up=True),
     "autocast fp16 + lean Up + In-Place ABN + checkpointing": dict(
         precision="autocast fp16", lean_up=True, inplace_abn=True, checkpointing="every level"),
+    "autocast fp16 + lean Up + In-Place ABN + offload": dict(
+        precision="autocast fp16", lean_up=True, inplace_abn=True, offload=True),
 }
 NETS = {"large": 5, "small": 4}
 
@@ -85,7 +90,8 @@ def predicted_row(cfg: ex.Config) -> dict[str, Any]:
             f"largest batch in {cfg.budget_gib} GiB (predicted)": est.largest_batch,
             "kept after forward MiB": round(p.kept_after_forward / MiB),
             "peak in": f"{module} ({phase})",
-            "GFLOP per step": round(step_flops(cfg) / 1e9)}
+            "GFLOP per step": round(step_flops(cfg) / 1e9),
+            "est. step s": round(ex.step_cost(cfg).seconds, 3)}
 
 
 def cuda_context_bytes() -> int:
@@ -150,7 +156,8 @@ def run(out: str | Path, nets: tuple[str, ...] = ("large",), budget_gib: int = 8
             "model": "seed 000 U-Nets (large 40,158,853 / small 14,496,517 params), 26x150x320, "
                      "batch 2, Adam, steady-state step",
             "predicted": "MemTracker under FakeTensorMode, CUDA autocast rules, steady state; card "
-                         f"needs = predicted x (1 + slack) + context; overheads {over.source}",
+                         f"needs = predicted x (1 + slack) + context; overheads {over.source}; "
+                         f"est. step s: {ex.step_cost(replace(configs()['offload to host'])).method}",
             "measured": ("cuda max_memory_allocated / max_memory_reserved of the steady-state step; "
                          f"largest batch under an allocator cap of {budget_gib} GiB - measured "
                          f"context ({context / MiB:.0f} MiB); step time median of 5 after warm-up"

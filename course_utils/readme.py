@@ -196,10 +196,18 @@ def _capstone() -> tuple[str, str]:
     from . import explorer as ex
 
     base = ex.Config()
-    safe = [c for c in ex.all_combinations(base, precisions=["autocast fp16"], lean_up=(False, True))]
+    safe = ex.all_combinations(base, precisions=["fp32", "autocast fp16"], lean_up=(False, True))
     best = max(safe, key=lambda c: ex.estimate(c).largest_batch)
+    frontier = [replace(base, precision="autocast fp16", lean_up=True, inplace_abn=abn, checkpointing=ck, offload=off)
+                for abn in (False, True) for ck in ex.CHECKPOINTING for off in (False, True)
+                if not (abn and ck.startswith("selective"))]
+    top = max(frontier, key=lambda c: (ex.estimate(c).largest_batch, -ex.step_cost(replace(c, batch=8)).seconds))
     return (f"{ex.estimate(base).largest_batch} (fp16 model, as seed 000) -> {ex.estimate(best).largest_batch} "
-            f"({best.describe()})", f"predicted for an 8 GiB card (context + slack included: {ex.overheads().source.split(':')[0]})")
+            f"({best.describe()}) -> {ex.estimate(top).largest_batch} ({top.describe()}; estimated "
+            f"{ex.step_cost(replace(top, batch=8)).seconds:.2f} s per step at batch 8 vs "
+            f"{ex.step_cost(replace(best, batch=8)).seconds:.2f} s)",
+            f"predicted for an 8 GiB card (context + slack included: {ex.overheads().source.split(':')[0]}); "
+            "time estimated (notebook 10)")
 
 
 HEADLINES: list[tuple[str, str, str, Callable[[], tuple[str, str]], bool]] = [
@@ -265,10 +273,10 @@ def render_benchmarks(folder: Path = BENCHMARKS) -> str:
 
 
 def replace_block(text: str, name: str, body: str) -> str:
-    pattern = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(\n<!-- END {name} -->)", re.S)
+    pattern = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)", re.S)
     if not pattern.search(text):
         raise ValueError(f"README has no '<!-- BEGIN {name} -->' ... '<!-- END {name} -->' block")
-    return pattern.sub(lambda m: m.group(1) + body + m.group(2), text)
+    return pattern.sub(lambda m: m.group(1) + body.rstrip("\n") + "\n" + m.group(2), text)
 
 
 def render_readme(text: str, figures: dict[str, Any], folder: Path = BENCHMARKS) -> str:
