@@ -637,6 +637,19 @@ def _check_shape(name: str, shape: Sequence[int]) -> tuple[int, ...]:
     return shape
 
 
+def _target_spec(input_shape: tuple[int, ...], target_shape: Sequence[int] | None,
+                 n_classes: int | None, loss_fn: Callable | None) -> tuple[bool, tuple[int, ...], Callable]:
+    """The target a step trains against: class indices (the input's shape without the channel
+    dim; cross-entropy) unless a ``target_shape`` without ``n_classes`` asks for floats (MSE)."""
+    classify = n_classes is not None or target_shape is None
+    if target_shape is None:
+        target_shape = (input_shape[0], *input_shape[2:])
+    target_shape = _check_shape("target_shape", target_shape)
+    if loss_fn is None:
+        loss_fn = nn.functional.cross_entropy if classify else nn.functional.mse_loss
+    return classify, target_shape, loss_fn
+
+
 def prime_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Put ``optimizer`` in the state it has after a first step (Adam's two moments, SGD's
     momentum buffers...) without a forward pass: one ``step()`` on zero gradients, then the
@@ -700,12 +713,7 @@ def predict_step(
     if target == "cuda" and not fake:
         raise ValueError("real CPU tensors follow the CPU's rules: use target='cpu' with fake=False, "
                          "or measure_step() on a GPU")
-    classify = n_classes is not None or target_shape is None
-    if target_shape is None:
-        target_shape = (input_shape[0], *input_shape[2:])
-    target_shape = _check_shape("target_shape", target_shape)
-    if loss_fn is None:
-        loss_fn = nn.functional.cross_entropy if classify else nn.functional.mse_loss
+    classify, target_shape, loss_fn = _target_spec(input_shape, target_shape, n_classes, loss_fn)
 
     mode = FakeTensorMode() if fake else contextlib.nullcontext()
     with default_dtype(dtype), mode, autocast_rules(target if autocast_dtype else None):
@@ -764,11 +772,7 @@ def measure_step(
     require_cuda("measure_step")
     _check_builder(build_model)
     input_shape = _check_shape("input_shape", input_shape)
-    classify = n_classes is not None or target_shape is None
-    if target_shape is None:
-        target_shape = (input_shape[0], *input_shape[2:])
-    if loss_fn is None:
-        loss_fn = nn.functional.cross_entropy if classify else nn.functional.mse_loss
+    classify, target_shape, loss_fn = _target_spec(input_shape, target_shape, n_classes, loss_fn)
     dev = torch.device(device)
     with default_dtype(dtype):
         model = build_model().to(dev)
