@@ -58,6 +58,7 @@ class Options:
     seed: int | None = None  # None: a new random seed per submission
     keep: str | None = None  # keep the scratch folders here (debugging)
     grace: float = 5.0  # seconds after an interrupt before the kernel is killed
+    landlock: bool = True  # False: no filesystem sandbox even where Landlock exists (tests, debugging)
 
     def __post_init__(self):
         for name in ("cell_timeout", "check_timeout", "memory_gib", "max_output_mib"):
@@ -86,7 +87,7 @@ class Result:
     seed: int | None = None
     cells: list[dict] = field(default_factory=list)
     sources: dict[str, str] = field(default_factory=dict)
-    seconds: float = 0.0
+    seconds: dict = field(default_factory=dict)  # where the time went
 
     @property
     def percent(self) -> float:
@@ -218,20 +219,24 @@ class Grader:
         try:
             self._run_notebook(path.name, data, scratch, before, result)
             self._guard(before, result)
+            t1 = time.monotonic()
             observations = self._observe(nn_id, data, scratch, seed, before, result)
             self._guard(before, result)
+            t2 = time.monotonic()
             if any(n.startswith("tampering") for n in result.notes):
                 for p in result.parts:
                     p["message"] = "not scored: tampering"
             else:
                 self._judge(nn_id, observations, seed, result)
+            result.seconds.update({"notebook run": round(t1 - t0, 1), "sandbox": round(t2 - t1, 1),
+                                   "judge": round(time.monotonic() - t2, 1)})
         finally:
             limits.kill_new_descendants(before)
             if self.opts.keep:
                 dest = Path(self.opts.keep) / f"{self.count:04d}_{path.stem}"
                 shutil.copytree(scratch, dest, dirs_exist_ok=True, ignore_dangling_symlinks=True, symlinks=True)
             shutil.rmtree(scratch, ignore_errors=True)
-            result.seconds = round(time.monotonic() - t0, 1)
+            result.seconds["total"] = round(time.monotonic() - t0, 1)
         return result
 
     def _guard(self, before: set[int], result: Result) -> None:
@@ -309,7 +314,7 @@ class Grader:
                 elif isinstance(stmt, ast.ImportFrom) and stmt.module and not stmt.level:
                     preimport.add(stmt.module)
         limits_spec = {"scratch": str(scratch), "memory_bytes": self.opts.memory_bytes, "file_bytes": 2**30,
-                       "preimport": sorted(preimport)}
+                       "preimport": sorted(preimport), "landlock": self.opts.landlock}
         (scratch / "kernel.json").write_text(json.dumps(limits_spec))
         kdir = scratch / "jupyter" / "kernels" / "course-grader"
         kdir.mkdir(parents=True)
@@ -326,7 +331,8 @@ class Grader:
         (scratch / "runner.json").write_text(json.dumps(spec))
         out_path = self.workdir / f"runner-{self.count:04d}.out"  # outside what the kernel may write
         with open(out_path, "wb") as out:
-            proc = self._spawn(["-m", "course_utils.grading.runner", str(scratch / "runner.json")], scratch,
+            # by path, not -m: "-m course_utils..." would import the package (and torch) first
+            proc = self._spawn([str(lib / "course_utils" / "grading" / "runner.py"), str(scratch / "runner.json")], scratch,
                                self._env(scratch, lib, {"COURSE_GRADER_RUN": "1"}), scratch / "runner.log",
                                stdout=out)
             why = self._wait(proc, before, time.monotonic() + self.opts.total_timeout)
@@ -354,6 +360,7 @@ class Grader:
                 result.notes.append("the notebook run ended without a report (see runner.log with --keep)")
             return
         result.cells = report["cells"]
+        result.seconds.update({f"kernel {k}": v for k, v in report.get("seconds", {}).items()})
         if report.get("error"):
             result.notes.append(f"the notebook could not run: {_clip(report['error'], 500)}")
         for cell in report["cells"]:
@@ -405,7 +412,8 @@ class Grader:
         while remaining:
             spec = {"exercise": nn_id, "notebook": str(sb / "submission.ipynb"), "parts": remaining,
                     "seed": seed, "obs_dir": str(obs), "scratch": str(sb),
-                    "memory_bytes": self.opts.memory_bytes, "file_bytes": 256 * 2**20}
+                    "memory_bytes": self.opts.memory_bytes, "file_bytes": 256 * 2**20,
+                    "landlock": self.opts.landlock}
             (sb / "spec.json").write_text(json.dumps(spec))
             proc = self._spawn(["-m", "course_utils.grading.sandbox", str(sb / "spec.json")], sb, env,
                                sb / "sandbox.log")
@@ -601,12 +609,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-output", type=float, default=8.0, help="MiB a notebook may print (default 8)")
     ap.add_argument("--seed", type=int, default=None, help="inputs' seed (default: a new one per submission)")
     ap.add_argument("--keep", help="keep each submission's scratch folder here (debugging)")
+    ap.add_argument("--no-landlock", action="store_true",
+                    help="do not confine submissions with Landlock even where the kernel has it")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     try:
         opts = Options(cell_timeout=args.timeout, total_timeout=args.total_timeout,
                        check_timeout=args.check_timeout, memory_gib=args.memory,
-                       max_output_mib=args.max_output, seed=args.seed, keep=args.keep)
+                       max_output_mib=args.max_output, seed=args.seed, keep=args.keep,
+                       landlock=not args.no_landlock)
         csv_path, json_path = _prepare_output(args.csv, "csv"), _prepare_output(args.json, "json")
         notebooks = notebooks_in(args.paths)
         if not notebooks:
@@ -616,8 +627,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     results = grade_many([str(n) for n in notebooks], opts, progress=not args.no_progress)
     print(summary(results))
-    abi = limits.landlock_abi()
-    print(f"sandbox: {'Landlock ABI ' + str(abi) if abi else 'no Landlock on this system (see docs/teaching.md)'}"
+    abi = limits.landlock_abi() if opts.landlock else 0
+    print(f"sandbox: {'Landlock ABI ' + str(abi) if abi else 'no Landlock (see docs/teaching.md)'}"
           f"; process cleanup: {'subreaper' if sys.platform.startswith('linux') else 'process groups'}")
     if json_path:
         json_path.write_text(json.dumps([r.as_dict() for r in results], indent=2))

@@ -19,7 +19,8 @@ def main() -> None:
         spec = json.load(f)
     from . import limits
 
-    limits.sandbox_self(spec["scratch"], spec.get("memory_bytes"), spec.get("file_bytes"))
+    limits.sandbox_self(spec["scratch"], spec.get("memory_bytes"), spec.get("file_bytes"),
+                                  use_landlock=spec.get("landlock", True))
     for name in spec.get("preimport", []):
         try:
             importlib.import_module(name)

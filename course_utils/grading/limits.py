@@ -127,9 +127,11 @@ def landlock(read: list[str], write: list[str], scope: bool = True) -> str:
 
 
 def sandbox_self(scratch: str, memory_bytes: int | None, file_bytes: int | None,
-                 extra_read: list[str] = ()) -> str:
+                 extra_read: list[str] = (), use_landlock: bool = True) -> str:
     """Everything a submission's process applies to itself first: rlimits, then Landlock."""
     apply_rlimits(memory_bytes, file_bytes)
+    if not use_landlock:
+        return "not used (switched off)"
     read = SYSTEM_READ + python_read_paths() + list(extra_read) + [scratch]
     try:
         return landlock(read, SYSTEM_WRITE + [scratch])

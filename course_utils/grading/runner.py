@@ -105,6 +105,7 @@ def run(spec: dict) -> dict:
                 except Exception:  # noqa: BLE001 - already gone
                     pass
 
+    t_start = time.monotonic()
     log = open(os.path.join(spec["scratch"], "kernel.log"), "wb")
     report: dict = {"died": None, "error": None}
     threading.Thread(target=watchdog, daemon=True).start()
@@ -149,7 +150,10 @@ def run(spec: dict) -> dict:
         if errors:
             entry["ename"], entry["evalue"] = errors[-1]["ename"], errors[-1]["evalue"]
         cells.append(entry)
-    report.update(cells=cells, output_bytes=type(client).output_bytes)
+    first = min(starts.values(), default=None)
+    report.update(cells=cells, output_bytes=type(client).output_bytes,
+                  seconds={"kernel start": round(first - t_start, 1) if first else None,
+                           "total": round(time.monotonic() - t_start, 1)})
     return report
 
 

@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["COURSE_GRADER_SANDBOX"] = "1"
     from . import limits
 
-    status = limits.sandbox_self(spec["scratch"], spec.get("memory_bytes"), spec.get("file_bytes"))
+    status = limits.sandbox_self(spec["scratch"], spec.get("memory_bytes"), spec.get("file_bytes"),
+                                  use_landlock=spec.get("landlock", True))
     with open(os.path.join(obs, "_sandbox.json"), "w") as f:
         json.dump({"landlock": status}, f)
 
