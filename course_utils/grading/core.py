@@ -97,6 +97,7 @@ class PartResult:
     points: int
     passed: bool = False
     message: str = ""
+    checked: bool = True  # False: the student release has no answer to check this part with
 
     @property
     def score(self) -> int:
@@ -119,11 +120,11 @@ class Report:
 
     @property
     def max_score(self) -> int:
-        return sum(p.points for p in self.parts)
+        return sum(p.points for p in self.parts if p.checked)
 
     @property
     def passed(self) -> bool:
-        return all(p.passed for p in self.parts)
+        return all(p.passed for p in self.parts if p.checked)
 
     def as_dict(self) -> dict[str, Any]:
         return {"exercise": self.exercise, "title": self.title, "score": self.score,
@@ -132,6 +133,9 @@ class Report:
     def lines(self) -> list[str]:
         out = []
         for p in self.parts:
+            if not p.checked:
+                out.append(f"  [ -- ] {p.name} ({p.points} points): {p.message}")
+                continue
             mark = "PASS" if p.passed else "FAIL"
             out.append(f"  [{mark}] {p.name} ({p.score}/{p.points})" + ("" if p.passed else f": {p.message}"))
         return out
@@ -257,6 +261,9 @@ class Exercise:
             result.passed, result.message = True, "ok"
         except CheckFailed as err:
             result.message = str(err)
+        except RefusedObject:  # the student release: this part's answer is not shipped
+            result.checked = False
+            result.message = "checked by your teacher's grader (its answer is not in the student release)"
         except Exception as err:  # noqa: BLE001 - the observation was not what the judge expects
             result.message = (f"the result has the wrong form ({type(err).__name__}: "
                               f"{str(err)[:MESSAGE_CHARS]})")
@@ -368,6 +375,12 @@ def seeded(seed: int, *salt: int) -> torch.Generator:
 
 
 def reference(fn: Callable) -> Callable:
-    """Marks a function that computes a reference (an answer): the grader's sandbox, where
-    learner code runs, gets a copy of this package with such bodies removed."""
+    """Marks a function that computes a reference: the grader's sandbox, where learner code runs,
+    gets a copy of this package with such bodies removed."""
+    return fn
+
+
+def answer(fn: Callable) -> Callable:
+    """Marks a reference that *is* the answer of a secret part: removed from the sandbox and from
+    the student release (whose notebooks then leave that part to the teacher's grader)."""
     return fn

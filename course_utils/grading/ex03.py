@@ -10,7 +10,7 @@ from torch import nn
 
 from .. import limit_test
 from ..memory import GiB, MiB, largest_that_fits, predict_step
-from .core import CheckFailed, Exercise, expect_equal, expect_int, reference, seeded
+from .core import CheckFailed, Exercise, answer, expect_equal, expect_int, reference, seeded
 
 EX = Exercise("03", "The memory-limit test", names=("naive_estimate", "largest_n", "saved_formula",
                                                     "largest_n_sigmoid"),
@@ -145,7 +145,7 @@ def _(saved_formula, seed):
     return [[n, saved_formula(n)] for n in ns]
 
 
-@reference
+@answer
 @functools.lru_cache(maxsize=None)
 def sigmoid_saved(n: int) -> int:
     return sigmoid_net_step(n).saved_peak

@@ -11,7 +11,7 @@ from torch import nn
 
 from ..memory import predict_step
 from ..unet import UNet3D, bn_relu, bn_relu_inplace
-from .core import CheckFailed, Exercise, expect_close, reference
+from .core import CheckFailed, Exercise, answer, expect_close, reference
 
 EX = Exercise("05", "In-place ReLU", names=("answers", "fixed", "where_is_the_peak", "inplace_lowers_peak"))
 
@@ -27,7 +27,7 @@ PRECEDING_OPS: dict[str, Callable[[], nn.Module]] = {
 }
 
 
-@reference
+@answer
 @functools.lru_cache(maxsize=None)
 def inplace_relu_is_safe_after(op: str) -> bool:
     """By experiment: does ``ReLU(inplace=True)`` after ``op`` leave backward working?"""

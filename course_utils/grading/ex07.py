@@ -12,7 +12,7 @@ from torch import nn
 from ..checkpointing import SegmentedStack, checkpointed, deep_stack
 from ..memory import SavedTensorMeter, predict_step
 from ..unet import UNet3D
-from .core import CheckFailed, Exercise, expect_close, expect_equal, expect_int, reference, seeded
+from .core import CheckFailed, Exercise, answer, expect_close, expect_equal, expect_int, reference, seeded
 
 EX = Exercise("07", "Checkpointing", names=("encoder_forward", "best_segments", "checkpoint_plan"),
               refused={"course_utils.parallel": ("EncoderStage",)})
@@ -111,7 +111,7 @@ def segment_peak(n_layers: int, segments: int) -> int:
                         (1, 1, 16, 16, 16), n_classes=5, optimizer=None).peak
 
 
-@reference
+@answer
 @functools.lru_cache(maxsize=None)
 def best_segment_count(n_layers: int) -> frozenset[int]:
     """The divisors s of n_layers with the lowest predicted peak."""

@@ -60,6 +60,8 @@ def _launch(ddp_step) -> dict:
     try:
         ranks = parallel.launch(parallel.source_worker, WORLD, config, timeout_s=120)
     except (RuntimeError, TimeoutError) as err:
+        if root_cause(str(err)).startswith("NotImplementedError"):
+            raise NotImplementedError() from None
         return {"error": f"{type(err).__name__}: {err}"}
     return {"ranks": [{"rank": r["rank"], "grads": list(r["grads"]), "batch_seen": list(r["batch_seen"])}
                       for r in ranks]}

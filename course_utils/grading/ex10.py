@@ -13,7 +13,7 @@ import functools
 import torch
 
 from .. import explorer as ex
-from .core import CheckFailed, Exercise, expect_equal, reference, seeded
+from .core import CheckFailed, Exercise, answer, expect_equal, reference, seeded
 
 EX = Exercise("10", "Design a configuration", names=("design",))
 
@@ -36,7 +36,7 @@ def baseline(volume, budget_gib: int) -> ex.Config:
     return ex.Config(volume=tuple(volume), budget_gib=budget_gib, precision="fp32")
 
 
-@reference
+@answer
 @functools.lru_cache(maxsize=None)
 def best_batch(volume: tuple[int, int, int], budget_gib: int) -> int:
     """The largest batch of any fp32-master configuration (the explorer's prediction)."""

@@ -22,15 +22,22 @@ from typing import Iterable
 IMPORT = "from course_utils.grading.core import RefusedObject as _Refused"
 
 
-def _is_marked(node: ast.AST) -> bool:
-    """Decorated ``@reference`` or ``@<part>.judge``: judge-side code."""
+def _decorators(node: ast.AST) -> set[str]:
+    out = set()
     for d in getattr(node, "decorator_list", []):
         target = d.func if isinstance(d, ast.Call) else d
-        if isinstance(target, ast.Name) and target.id == "reference":
-            return True
-        if isinstance(target, ast.Attribute) and target.attr in ("judge", "reference"):
-            return True
-    return False
+        if isinstance(target, ast.Name):
+            out.add(target.id)
+        elif isinstance(target, ast.Attribute):
+            out.add(target.attr)
+            if isinstance(target.value, ast.Name):
+                out.add(f"{target.value.id}.{target.attr}")
+    return out
+
+
+def _is_marked(node: ast.AST, marks: set[str]) -> bool:
+    """Decorated with one of ``marks`` ("reference", "judge", "NAIVE.judge", ...)."""
+    return bool(_decorators(node) & marks)
 
 
 def _walk(tree: ast.AST, prefix: str = ""):
@@ -42,10 +49,15 @@ def _walk(tree: ast.AST, prefix: str = ""):
             yield from _walk(node, q + ".")
 
 
+JUDGE_SIDE = frozenset({"reference", "answer", "judge"})
+
+
 def strip_source(source: str, qualnames: Iterable[str] = (), *, message: str = "",
-                 strip_marked: bool = False, marked_message: str = "") -> str:
+                 strip_marked: bool | Iterable[str] = False, marked_message: str = "") -> str:
     """``source`` with the named classes turned into stubs and the named functions' bodies (and,
-    with ``strip_marked``, every ``@reference`` / ``@x.judge`` body) replaced by a raise."""
+    with ``strip_marked``, every body decorated ``@reference`` / ``@answer`` / ``@x.judge``, or
+    with the decorators named in ``strip_marked``) replaced by a raise."""
+    marks = set(JUDGE_SIDE if strip_marked is True else (strip_marked or ()))
     wanted = set(qualnames)
     tree = ast.parse(source)
     lines = source.splitlines(True)
@@ -53,7 +65,7 @@ def strip_source(source: str, qualnames: Iterable[str] = (), *, message: str = "
     found = set()
     for qual, node in _walk(tree):
         hit = qual in wanted
-        marked = strip_marked and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _is_marked(node)
+        marked = bool(marks) and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _is_marked(node, marks)
         if not (hit or marked):
             continue
         found.add(qual)
