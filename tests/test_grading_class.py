@@ -1,4 +1,4 @@
-"""The grader on a class folder: every cheat of issue 16 fails, honest work scores, one
+"""The grader on a class folder (slow: `make test-grader`): every cheat of issue 16 fails, honest work scores, one
 submission never stops the class, every process a submission starts is gone before its row is
 written, the report and the command line behave.
 
@@ -23,7 +23,7 @@ EXERCISE = ROOT / "exercises" / "00_gpu_memory_basics.ipynb"
 CHECKS_FILE = ROOT / "course_utils" / "grading" / "ex00.py"
 HAS_LANDLOCK = limits.landlock_abi() > 0
 
-pytestmark = pytest.mark.timeout(1200)
+pytestmark = [pytest.mark.grader, pytest.mark.timeout(1200)]
 
 
 def notebook(base: Path, *extra: str, at: int | None = None):
@@ -284,33 +284,120 @@ def test_detached_process_is_killed_before_the_row_is_written(open_class, marker
     assert not marker.exists()
 
 
-# -- the command line --------------------------------------------------------------------------
-def test_cli_errors_before_grading(tmp_path, capsys):
-    assert grade_main([str(tmp_path / "missing")]) == 2
-    assert "no such file or folder" in capsys.readouterr().err
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    assert grade_main([str(empty)]) == 2
-    assert "nothing to grade" in capsys.readouterr().err
-    for bad in ("0", "-5"):
-        assert grade_main([str(empty), "--timeout", bad]) == 2
-        assert "timeout must be > 0" in capsys.readouterr().err
-    (tmp_path / "taken").write_text("a file")
-    assert grade_main([str(empty), "--csv", str(tmp_path / "taken" / "x.csv")]) == 2
-    assert "cannot write there" in capsys.readouterr().err
+# -- graded objects must be the learner's own (exercise 01 and 07, in the sandbox) ----------------
+EX01 = ROOT / "exercises" / "01_build_3d_unet.ipynb"
+EX07 = ROOT / "exercises" / "07_checkpointing.ipynb"
+IMPORTED = "from course_utils.unet import DoubleConv, Up"
+SUBCLASSED = """
+import course_utils.unet as cu_unet
+class DoubleConv(cu_unet.DoubleConv):
+    pass
+class Up(cu_unet.Up):
+    pass
+"""
+DELEGATED = """
+import course_utils
+class DoubleConv(nn.Module):
+    def __init__(self, a, b):
+        super().__init__()
+        self.inner = course_utils.unet.DoubleConv(a, b)
+    def forward(self, x):
+        return self.inner(x)
+class Up(nn.Module):
+    def __init__(self, a, b):
+        super().__init__()
+        self.inner = course_utils.Up(a, b)
+    def forward(self, x, skip):
+        return self.inner(x, skip)
+"""
+FROM_SOURCE = """
+import course_utils.unet
+class DoubleConv(nn.Module):
+    def __init__(self, a, b):
+        super().__init__()
+        ns = {}
+        exec(open(course_utils.unet.__file__).read(), ns)   # the library's own source
+        self.inner = ns["DoubleConv"](a, b)
+    def forward(self, x):
+        return self.inner(x)
+"""
+GRADING_ANSWER = """
+from course_utils.grading.ex07 import best_segment_count
+def best_segments(n):
+    return min(best_segment_count(n))
+"""
 
 
-def test_cli_writes_csv_and_json_into_new_folders(tmp_path, capsys):
-    folder = tmp_path / "sub"
-    folder.mkdir()
-    write(folder, "00_bob.ipynb", notebook(EXERCISE))
-    out_csv, out_json = tmp_path / "new" / "deeper" / "class.csv", tmp_path / "other" / "class.json"
-    assert grade_main([str(folder), "--csv", str(out_csv), "--json", str(out_json), "--no-progress",
-                       "--timeout", "30"]) == 0
-    out = capsys.readouterr()
-    assert "without encryption" not in out.err and "without encryption" not in out.out
-    (r,) = csv.DictReader(open(out_csv))
-    assert r["score"] == "0" and r["status"] == "graded"
-    assert "not implemented yet: replace `raise NotImplementedError()`" in r["failed_parts"]
-    (j,) = json.loads(out_json.read_text())
-    assert j["parts"][0]["message"].startswith("not implemented yet") and j["seed"] is not None
+@pytest.fixture(scope="module")
+def answers_class(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("answers")
+    write(folder, "01_a_imported.ipynb", notebook(EX01, IMPORTED))
+    write(folder, "01_b_subclassed.ipynb", notebook(EX01, SUBCLASSED))
+    write(folder, "01_c_delegated.ipynb", notebook(EX01, DELEGATED))
+    write(folder, "01_d_from_source.ipynb", notebook(EX01, FROM_SOURCE))
+    write(folder, "07_e_grading_reference.ipynb", notebook(EX07, GRADING_ANSWER))
+    results = grade_many([str(folder)], Options(cell_timeout=60), progress=False)
+    return {r.submission: r for r in results}
+
+
+@pytest.mark.parametrize("name", ["01_a_imported.ipynb", "01_b_subclassed.ipynb", "01_c_delegated.ipynb"])
+def test_course_utils_answers_are_refused(answers_class, name):
+    r = answers_class[name]
+    assert r.score == 0, r.parts
+    assert any("write it yourself" in p["message"] or "not written in the notebook" in p["message"]
+               for p in r.parts), r.parts
+
+
+def test_the_sandbox_library_has_no_answer_to_read(answers_class):
+    r = answers_class["01_d_from_source.ipynb"]
+    dc = [p for p in r.parts if p["key"] in ("dc_params", "dc_values")]
+    assert all(p["score"] == 0 and "write it yourself" in p["message"] for p in dc), dc
+
+
+def test_grading_references_are_refused(answers_class):
+    r = answers_class["07_e_grading_reference.ipynb"]
+    seg = next(p for p in r.parts if p["key"] == "segments")
+    assert seg["score"] == 0 and "grading code is not available" in seg["message"], seg
+
+
+# -- nbgrader, for real --------------------------------------------------------------------------
+def test_nbgrader_generate_and_autograde_give_the_course_graders_scores(tmp_path):
+    pytest.importorskip("nbgrader")
+    import shutil
+    import subprocess
+    import sys
+
+    from course_utils.grading.release import nbgrader_course
+
+    course = tmp_path / "course"
+    nbgrader_course(course)
+    env = dict(os.environ, PYTHONPATH=str(course), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+
+    def nbgrader(*args):
+        r = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env,
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+    nbgrader("generate_assignment", "ex01", "--force")
+    released = course / "release" / "ex01" / EX01.name
+    rel = nbformat.read(released, as_version=4)  # nbgrader's release: the same code as exercises/
+    assert [c.source for c in rel.cells] == [c.source for c in nbformat.read(EX01, as_version=4).cells]
+    wrong = notebook(ROOT / "solutions" / EX01.name)
+    for c in wrong.cells:
+        c.source = c.source.replace('mode="trilinear", align_corners=True', 'mode="nearest"')
+    subs = {"alice": nbformat.read(ROOT / "solutions" / EX01.name, as_version=4), "bob": rel, "carol": wrong}
+    ours_dir = tmp_path / "ours"
+    ours_dir.mkdir()
+    for student, nb in subs.items():
+        (course / "submitted" / student / "ex01").mkdir(parents=True)
+        nbformat.write(nb, course / "submitted" / student / "ex01" / EX01.name)
+        nbformat.write(nb, ours_dir / f"01_{student}.ipynb")
+    nbgrader("autograde", "ex01", "--create", "--force")
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        theirs = {s: gb.find_submission("ex01", s).score for s in subs}
+    ours = {r.submission[3:-6]: r.score for r in grade_many([str(ours_dir)], Options(cell_timeout=60), progress=False)}
+    assert theirs == {"alice": 7.0, "bob": 0.0, "carol": 5.0}
+    assert ours == {s: int(v) for s, v in theirs.items()}
+    shutil.rmtree(course / "autograded", ignore_errors=True)
