@@ -314,7 +314,8 @@ class Grader:
                 elif isinstance(stmt, ast.ImportFrom) and stmt.module and not stmt.level:
                     preimport.add(stmt.module)
         limits_spec = {"scratch": str(scratch), "memory_bytes": self.opts.memory_bytes, "file_bytes": 2**30,
-                       "preimport": sorted(preimport), "landlock": self.opts.landlock}
+                       "preimport": sorted(preimport), "landlock": self.opts.landlock,
+                       "max_output": int(self.opts.max_output_mib * 2**20)}
         (scratch / "kernel.json").write_text(json.dumps(limits_spec))
         kdir = scratch / "jupyter" / "kernels" / "course-grader"
         kdir.mkdir(parents=True)

@@ -107,6 +107,7 @@ def rebuild(nb, name: str = "__main__") -> Rebuilt:
                 out.problems.append(f"{where}: {type(err).__name__}: {first}")
                 raised = Raised.from_exception(err)
                 for bound in _bound_names(stmt):
+                    ns.pop(bound, None)  # the notebook's last definition of it failed: not an older one
                     out.failed[bound] = Raised(raised.type, f"defining {bound} ({where}) failed: "
                                                f"{raised.explain()}", "refused" if raised.kind == "refused" else "check")
     return out

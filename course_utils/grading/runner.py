@@ -51,7 +51,7 @@ def _make_client(nb, spec):
                 sum(len(str(v)) for v in content.get("data", {}).values())
             Client.output_bytes += size
             index = Client.current[0]
-            if Client.output_bytes > spec["max_output"] and index is not None and index not in Client.flooded:
+            if Client.output_bytes > spec["max_output"] and index is not None and not Client.flooded:
                 Client.flooded.add(index)
                 try:  # interrupt the flood, as the time limit would
                     os.kill(self.km.provisioner.process.pid, signal.SIGINT)
@@ -76,7 +76,14 @@ def run(spec: dict) -> dict:
     starts: dict[int, float] = {}
     durations: dict[int, float] = {}
 
+    kernel_proc: list = []
+
     def on_start(cell, cell_index, **kw):
+        if not kernel_proc:
+            try:
+                kernel_proc.append(client.km.provisioner.process)
+            except AttributeError:
+                pass
         starts[cell_index] = time.monotonic()
         type(client).current = [cell_index, starts[cell_index]]
         sys.stdout.write(json.dumps({"start": cell_index}) + "\n")
@@ -117,11 +124,15 @@ def run(spec: dict) -> dict:
         report["error"] = f"{type(err).__name__}: {str(err)[:CELL_TEXT]}"
     finally:
         stop.set()
-        try:
-            code = client.km.provisioner.process.poll() if client.km and client.km.provisioner else None
-        except Exception:  # noqa: BLE001
-            code = None
-        report["kernel_exit"] = code
+        report["kernel_exit"] = None
+        if kernel_proc and report["died"] is not None:
+            for _ in range(50):  # the dead kernel's exit status, once the OS has it
+                if kernel_proc[0].poll() is not None:
+                    report["kernel_exit"] = kernel_proc[0].returncode
+                    break
+                time.sleep(0.1)
+        if state["killed_cell"] is not None:
+            report["died"] = None  # we killed it: reported as such
     cells, number = [], 0
     finished = True
     for i, cell in enumerate(nb.cells):
@@ -139,7 +150,7 @@ def run(spec: dict) -> dict:
             finished = False
         elif not finished or i not in starts:
             entry["status"] = "not run" if cell.source.strip() else "empty"
-        elif i in type(client).flooded:
+        elif i in type(client).flooded or any(e["ename"] == "OutputLimitExceeded" for e in errors):
             entry["status"] = "flood"
         elif i in state["timed_out"]:
             entry["status"] = "timeout"
