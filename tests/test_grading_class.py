@@ -4,8 +4,6 @@ written, the report and the command line behave.
 
 The class runs once per grader configuration (module fixtures); each test reads its rows."""
 
-import csv
-import json
 import os
 import time
 from pathlib import Path
@@ -15,7 +13,7 @@ import pytest
 from nbformat.v4 import new_code_cell
 
 from course_utils.grading import limits
-from course_utils.grading.grade import Options, grade_many, main as grade_main, summary
+from course_utils.grading.grade import Options, grade_many, summary
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION = ROOT / "solutions" / "00_gpu_memory_basics.ipynb"

@@ -367,6 +367,19 @@ def expect_close(label: str, got: Any, expected: torch.Tensor, atol: float = 1e-
                           f"{int((err > tol).sum())} of {err.numel()} elements out of tolerance)")
 
 
+def expect_grads_close(label: str, got: list, expected: list, rel: float = 1e-4) -> None:
+    """Gradients, compared with a tolerance relative to the largest reference gradient: a conv
+    bias in front of BatchNorm has a true gradient of zero, and any two correct computations
+    disagree there by rounding noise (see ``parallel.relative_error``)."""
+    if len(got) != len(expected):
+        raise CheckFailed(f"{label}: expected {len(expected)} gradients (one per parameter), got {len(got)}")
+    scale = max((e.abs().max().item() for e in expected), default=1.0)
+    for k, (g, e) in enumerate(zip(got, expected)):
+        if g is None:
+            raise CheckFailed(f"{label} {k}: no gradient (None): is the parameter still in the graph?")
+        expect_close(f"{label} {k}", g, e, atol=rel * scale, rtol=1e-3)
+
+
 def seeded(seed: int, *salt: int) -> torch.Generator:
     """A generator for a part's inputs: the same numbers in the sandbox and in the judge."""
     g = torch.Generator()

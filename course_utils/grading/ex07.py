@@ -12,7 +12,8 @@ from torch import nn
 from ..checkpointing import SegmentedStack, checkpointed, deep_stack
 from ..memory import SavedTensorMeter, predict_step
 from ..unet import UNet3D
-from .core import CheckFailed, Exercise, answer, expect_close, expect_equal, expect_int, reference, seeded
+from .core import (CheckFailed, Exercise, answer, expect_close, expect_equal, expect_grads_close, expect_int,
+                   reference, seeded)
 
 EX = Exercise("07", "Checkpointing", names=("encoder_forward", "best_segments", "checkpoint_plan"),
               refused={"course_utils.parallel": ("EncoderStage",)})
@@ -83,8 +84,7 @@ def _(got, seed):
     ref = encoder_reference(seed)
     if any(g is None for g in got["grads"]):
         raise CheckFailed("some encoder parameters got no gradient: is every block still in the graph?")
-    for k, (a, b) in enumerate(zip(got["grads"], ref["grads"])):
-        expect_close(f"gradient of encoder parameter {k}", a, b)
+    expect_grads_close("gradient of encoder parameter", got["grads"], ref["grads"])
 
 
 @LESS.observe

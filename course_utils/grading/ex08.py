@@ -11,7 +11,7 @@ import re
 import textwrap
 
 from .. import parallel
-from .core import CheckFailed, Exercise, expect_close, expect_equal, reference
+from .core import CheckFailed, Exercise, expect_equal, expect_grads_close, reference
 
 EX = Exercise("08", "Data parallel", names=("ddp_step", "accumulate_grads"),
               refused={"course_utils.parallel": ("ddp_worker", "accumulated_grads", "train_worker")})
@@ -121,10 +121,7 @@ def _(got, seed):
     ranks = _ranks(got)
     ref = full_batch_grads(DDP_CONFIG)
     for r in ranks:
-        if len(r["grads"]) != len(ref):
-            raise CheckFailed(f"expected {len(ref)} gradients (one per parameter), got {len(r['grads'])}")
-        for k, (g, e) in enumerate(zip(r["grads"], ref)):
-            expect_close(f"rank {r['rank']}, gradient {k}", g, e, atol=1e-5, rtol=1e-3)
+        expect_grads_close(f"rank {r['rank']}, gradient", r["grads"], ref)
 
 
 @ACCUMULATE.observe
@@ -150,8 +147,7 @@ def _(got, seed):
         if abs(ratio - m) < 0.05 * m:
             raise CheckFailed(f"{m} micro-batches: the gradients are {m} x too large: each micro-batch's "
                               "loss is a mean over its own samples")
-        for k, (g, e) in enumerate(zip(grads, ref)):
-            expect_close(f"{m} micro-batches, gradient {k}", g, e, atol=1e-5, rtol=1e-3)
+        expect_grads_close(f"{m} micro-batches, gradient", grads, ref)
 
 
 def check_ddp_step(ddp_step, verbose: bool = True):

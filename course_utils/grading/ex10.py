@@ -13,7 +13,7 @@ import functools
 import torch
 
 from .. import explorer as ex
-from .core import CheckFailed, Exercise, answer, expect_equal, reference, seeded
+from .core import CheckFailed, Exercise, answer, expect_equal, seeded
 
 EX = Exercise("10", "Design a configuration", names=("design",))
 
