@@ -262,9 +262,9 @@ class Grader:
         def limit():  # runs in the child before exec
             limits.apply_rlimits(mem, 2**30)
 
-        return subprocess.Popen([sys.executable, *args], cwd=scratch, env=env, stdin=subprocess.DEVNULL,
-                                stdout=stdout, stderr=open(log, "wb"), start_new_session=True,
-                                preexec_fn=limit)
+        with open(log, "wb") as err:
+            return subprocess.Popen([sys.executable, *args], cwd=scratch, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=stdout, stderr=err, start_new_session=True, preexec_fn=limit)
 
     def _wait(self, proc, before: set[int], deadline: float, poll=None) -> str | None:
         """Wait for ``proc``; returns None, "timeout" or "memory" (and then kills it all)."""

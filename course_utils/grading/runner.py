@@ -135,11 +135,14 @@ def run(spec: dict) -> dict:
             report["died"] = None  # we killed it: reported as such
     cells, number = [], 0
     finished = True
+    # the prompt number JupyterLab shows when the notebook runs top to bottom: the cell's place
+    # among the cells that started (a cell that killed the kernel may not have reported its own)
+    order = {i: k + 1 for k, i in enumerate(sorted(starts, key=starts.get))}
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
         number += 1
-        entry = {"index": i, "number": number, "execution_count": cell.get("execution_count"),
+        entry = {"index": i, "number": number, "execution_count": cell.get("execution_count") or order.get(i),
                  "seconds": round(durations.get(i, 0.0), 2)}
         errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
         if state["killed_cell"] == i:
