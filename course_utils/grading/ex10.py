@@ -39,9 +39,13 @@ def baseline(volume, budget_gib: int) -> ex.Config:
 @answer
 @functools.lru_cache(maxsize=None)
 def best_batch(volume: tuple[int, int, int], budget_gib: int) -> int:
-    """The largest batch of any fp32-master configuration (the explorer's prediction)."""
+    """The largest batch of the notebooks' fp32-master combinations (precision, lean Up,
+    activation trick, checkpointing; the explorer's prediction). bf16 needs the same bytes as
+    fp16 (notebook 04), so only fp16 is searched. A design may beat it with the frontier's
+    finer switches (notebook 10): reaching it is what the part asks."""
     return max(ex.estimate(c).largest_batch
-               for c in ex.all_combinations(baseline(volume, budget_gib), precisions=list(MASTER_FP32)))
+               for c in ex.all_combinations(baseline(volume, budget_gib), precisions=["fp32", "autocast fp16"],
+                                            lean_up=(False, True)))
 
 
 def _observe(design, seed: int) -> list:
@@ -123,7 +127,7 @@ def _(got, seed):
     for case in got:
         cfg = _valid(case)
         mine = ex.estimate(cfg).largest_batch
-        if mine != best_batch(tuple(cfg.volume), cfg.budget_gib):
+        if mine < best_batch(tuple(cfg.volume), cfg.budget_gib):
             raise CheckFailed(f"design({tuple(cfg.volume)}, {cfg.budget_gib}) fits batch {mine}; another "
                               "combination of switches fits a larger one")
 
