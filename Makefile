@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lab test test-fast test-grader clean strip
+.PHONY: install lab test test-fast clean strip
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,11 +26,6 @@ lab: install
 # the whole suite: unit tests and every notebook in notebooks/ (see pytest settings in pyproject.toml)
 test: install
 	$(BIN)/python -m pytest -q
-
-# the grader end to end: a class of cheating submissions, and real nbgrader (about 10 minutes)
-test-grader: install
-	$(BIN)/python -m pip install -q -e ".[grading]"
-	$(BIN)/python -m pytest -q -m grader tests
 
 # unit tests only, no notebooks
 test-fast: install
@@ -62,3 +57,12 @@ site: $(SITE_STAMP)
 site-check: $(SITE_STAMP)
 	$(BIN)/python -m pytest -q site/tests
 	$(BIN)/python site/check.py
+
+# --- mutation check (slow, not part of make test): hand-written bugs planted one at a time in a
+# copy of the repository; the unit tests must catch each. Survivors are listed and fail the
+# target. MUTATE picks the course_utils modules, MUTATION_ARGS adds options (see tools/mutants.py)
+.PHONY: mutation
+MUTATE ?= memory unet config inplace_abn parallel allocator amp_rules train explorer
+MUTATION_ARGS ?=
+mutation: install
+	$(BIN)/python tools/mutants.py $(MUTATE) $(MUTATION_ARGS)
