@@ -92,12 +92,30 @@ def test_cpu_rules_differ_and_are_restored_after():
 def test_weights_are_cast_once_per_region_and_gradients_stay_fp32():
     lin = nn.Linear(8, 8)
     x = torch.randn(4, 8)
+
+    def weight_casts(t):
+        seen, stack, casts = set(), [t.grad_fn], []
+        while stack:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            if node.name() == "ToCopyBackward0" and any(
+                    getattr(f, "variable", None) is lin.weight for f, _ in node.next_functions):
+                casts.append(node)
+            stack.extend(f for f, _ in node.next_functions)
+        return casts
+
     with cuda_autocast_rules(), torch.autocast("cpu", dtype=H):
         a, b = lin(x), lin(x)
-        wa = a.grad_fn.next_functions  # the cached fp16 weight is one node, used twice
+    assert a.dtype == H
+    (ca,), (cb,) = weight_casts(a), weight_casts(b)
+    assert ca is cb  # one fp16 copy of the weight, used by both calls (autocast's cast cache)
+    with cuda_autocast_rules(), torch.autocast("cpu", dtype=H):
+        c = lin(x)
+    assert weight_casts(c)[0] is not ca  # a new autocast region casts again
     (a.float().sum() + b.float().sum()).backward()
     assert lin.weight.grad.dtype == torch.float32
-    assert a.dtype == H and wa
 
 
 def test_checkpoint_recomputation_follows_the_same_rules():
