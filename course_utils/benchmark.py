@@ -59,36 +59,26 @@ def configs(net: str = "large", batch: int = 2, budget_gib: int = 8) -> dict[str
     return {name: replace(base, **kw) for name, kw in TECHNIQUES.items()}
 
 
-def step_flops(cfg: ex.Config, batch: int | None = None) -> int:
+def step_flops(cfg: ex.Config) -> int:
     """FLOPs of one training step of ``cfg`` (forward + backward + recomputation), counted on
-    fake tensors by FlopCounterMode (convolutions and matrix products)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from .memory import default_dtype
-    from .train import training_step
-
-    dtype, _ = ex.PRECISIONS[cfg.precision]
-    b = batch or cfg.batch
-    with default_dtype(dtype), FakeTensorMode():
-        net = ex.build(cfg)
-        x = torch.randn(b, 1, *cfg.volume)
-        y = torch.randint(0, 5, (b, *cfg.volume))
-        with FlopCounterMode(display=False) as counter:
-            training_step(net, x, y, None)
-    return int(counter.get_total_flops())
+    fake tensors by FlopCounterMode (convolutions and matrix products): the explorer's count."""
+    return ex.step_cost(replace(cfg, offload=False)).flops
 
 
 def predicted_row(cfg: ex.Config) -> dict[str, Any]:
     est = ex.estimate(cfg)
-    dtype, ac = ex.PRECISIONS[cfg.precision]
-    p = predict_step(lambda: ex.build(cfg), (cfg.batch, 1, *cfg.volume), n_classes=5, dtype=dtype,
-                     autocast_dtype=ac, module_peaks=False)
-    module, phase = p.log.peak_location
-    return {"predicted peak MiB": round(p.peak / MiB),
-            "card needs MiB": round(est.overheads.needed(p.peak) / MiB),
+    if cfg.batch == ex.PROBE_BATCH:  # the explorer's cached prediction is this very step
+        p = ex.probe(cfg)
+        peak, kept, (module, phase) = p["peak"], p["kept"], p["location"]
+    else:
+        dtype, ac = ex.PRECISIONS[cfg.precision]
+        pr = predict_step(lambda: ex.build(cfg), (cfg.batch, 1, *cfg.volume), n_classes=5, dtype=dtype,
+                          autocast_dtype=ac, module_peaks=False)
+        peak, kept, (module, phase) = pr.peak, pr.kept_after_forward, pr.log.peak_location
+    return {"predicted peak MiB": round(peak / MiB),
+            "card needs MiB": round(est.overheads.needed(peak) / MiB),
             f"largest batch in {cfg.budget_gib} GiB (predicted)": est.largest_batch,
-            "kept after forward MiB": round(p.kept_after_forward / MiB),
+            "kept after forward MiB": round(kept / MiB),
             "peak in": f"{module} ({phase})",
             "GFLOP per step": round(step_flops(cfg) / 1e9),
             "est. step s": round(ex.step_cost(cfg).seconds, 3)}

@@ -166,7 +166,16 @@ def _probe(key: tuple) -> dict[str, Any]:
                      autocast_dtype=ac, module_peaks=False)
     parts = {k: sum(p.breakdown[c] for c in cats) for k, cats in PARTS.items()}
     lines = {k: (0.0, v / PROBE_BATCH) if k in PER_SAMPLE else (float(v), 0.0) for k, v in parts.items()}
-    return {"lines": lines, "saved": p.saved_peak}
+    return {"lines": lines, "saved": p.saved_peak, "peak": p.peak, "kept": p.kept_after_forward,
+            "location": p.log.peak_location}
+
+
+def probe(cfg: Config) -> dict[str, Any]:
+    """The configuration's step at the probe batch, as predicted once and cached: ``peak``,
+    ``kept`` (activations after forward), ``saved`` (saved-for-backward bytes), ``location``
+    (module and phase of the peak), ``lines`` (the parts of the peak per sample)."""
+    _validate(cfg)
+    return _probe(cfg.model_key())
 
 
 def _lines(key: tuple) -> dict[str, tuple[float, float]]:
@@ -423,10 +432,6 @@ def explorer(start: Config = Config()):
 
 
 def describe_peak(est: Estimate) -> str:
-    """Where the peak of ``est``'s configuration is (module and phase), at batch 2."""
-    cfg = est.config
-    dtype, ac = PRECISIONS[cfg.precision]
-    p = predict_step(lambda: build(cfg), (PROBE_BATCH, 1, *cfg.volume), n_classes=5, dtype=dtype,
-                     autocast_dtype=ac, module_peaks=False)
-    module, phase = p.log.peak_location
+    """Where the peak of ``est``'s configuration is (module and phase), at the probe batch."""
+    module, phase = probe(est.config)["location"]
     return f"{module}, {phase}"

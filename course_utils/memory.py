@@ -460,14 +460,6 @@ class MemoryLog(MemTracker):
         """Peak live tensor bytes during the tracked step (MemTracker)."""
         return self.breakdown("peak")["Total"]
 
-    def peak_event(self) -> Row | None:
-        """The first hook row at which the tracked total reached its maximum over the rows:
-        where in the step the peak is (between two hooks, to the resolution of module events)."""
-        if not self.rows:
-            return None
-        top = max(r.tracked for r in self.rows)
-        return next(r for r in self.rows if r.tracked == top)
-
     def frame(self):
         """The hook table as a pandas DataFrame, memory in MiB."""
         import pandas as pd
@@ -715,6 +707,12 @@ def predict_step(
                          "or measure_step() on a GPU")
     classify, target_shape, loss_fn = _target_spec(input_shape, target_shape, n_classes, loss_fn)
 
+    # the same starting state every time: Python's garbage collector frees cyclic garbage (some
+    # of it holds tensors, e.g. under checkpointing) at moments set by its allocation counters;
+    # collecting first makes those moments, and so the prediction, independent of what ran before
+    import gc
+
+    gc.collect()
     mode = FakeTensorMode() if fake else contextlib.nullcontext()
     with default_dtype(dtype), mode, autocast_rules(target if autocast_dtype else None):
         model = build_model()
