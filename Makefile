@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lab test test-fast clean strip
+.PHONY: install lab test test-fast test-grader clean strip
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ lab: install
 # the whole suite: unit tests and every notebook in notebooks/ (see pytest settings in pyproject.toml)
 test: install
 	$(BIN)/python -m pytest -q
+
+# the grader end to end: a class of cheating submissions, and real nbgrader (about 10 minutes)
+test-grader: install
+	$(BIN)/python -m pip install -q -e ".[grading]"
+	$(BIN)/python -m pytest -q -m grader tests
 
 # unit tests only, no notebooks
 test-fast: install

@@ -15,7 +15,7 @@ One concept a module:
 * ``checkpointing`` -- BN-safe checkpointing, selective policy, sqrt(n) stack, DenseNet block
 * ``parallel``   -- DDP, FSDP2 and GPipe workers launched from a notebook or torchrun
 * ``explorer``   -- every technique as a switch: predicted memory and the largest batch
-* ``checks`` / ``exercises`` / ``grade`` -- the exercises' checks, generator and grader
+* ``grading``    -- the exercises' checks (one module each), generator, student release, grader
 """
 
 from .config import PRESETS, CourseSetup, Preset, setup

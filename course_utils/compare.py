@@ -59,9 +59,20 @@ def technique_table(
     for name, build in builds.items():
         ac, dt = autocast.get(name), dtypes.get(name, dtype)
         if torch.device(device).type == "cuda":
-            m = measure_step(build, input_shape, n_classes=n_classes, dtype=dt, autocast_dtype=ac,
-                             steady_state=steady_state, device=device)
+            from .memory import catch_oom
+
+            with catch_oom(verbose=False) as oom:
+                m = measure_step(build, input_shape, n_classes=n_classes, dtype=dt, autocast_dtype=ac,
+                                 steady_state=steady_state, device=device)
             params = sum(p.numel() * p.element_size() for p in _params_of(build, dt))
+            if not oom.ok:  # a smaller GPU than the preset assumes: say so, keep the other rows
+                total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+                rows.append({"variant": name, "peak MiB": None, "kept after forward MiB": None,
+                             "saved MiB": None, "activations at peak MiB": None, "params MiB": mib(params),
+                             "gradients MiB": None, "optimizer MiB": None, "temporaries MiB": None,
+                             "peak in": "", "method": f"out of memory on this {mib(total) / 1024:.0f} GiB GPU "
+                             "(COURSE_SIZE=tiny, or a larger GPU)"})
+                continue
             rows.append({"variant": name, "peak MiB": mib(m.peak_allocated),
                          "kept after forward MiB": mib(m.kept_after_forward),
                          "saved MiB": mib(m.saved_peak), "activations at peak MiB": None,
@@ -82,6 +93,8 @@ def technique_table(
                      "temporaries MiB": mib(p.breakdown["Temp"] + p.breakdown["Other"]),
                      "peak in": f"{module} ({phase})", "method": p.method})
     df = pd.DataFrame(rows)
+    for c in ("peak MiB", "kept after forward MiB", "saved MiB", *PARTS):
+        df[c] = pd.to_numeric(df[c])
     for col, rel in (("peak MiB", "peak vs baseline %"), ("kept after forward MiB", "kept vs baseline %"),
                      ("saved MiB", "saved vs baseline %")):
         base = df[col].iloc[0]

@@ -2,6 +2,7 @@
 
     python -m course_utils.readme              # recompute results/figures.json, rewrite README's tables
     python -m course_utils.readme --render     # only rewrite README from the committed JSON files
+    python -m course_utils.readme --timings    # also time every notebook (docs/teaching.md's table)
 
 README.md holds generated blocks between ``<!-- BEGIN name -->`` and ``<!-- END name -->``:
 ``figures`` (from ``results/figures.json``, computed by ``headlines()``) and ``benchmark`` (from
@@ -24,7 +25,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ROOT / "results" / "figures.json"
+TIMINGS = ROOT / "results" / "timings.json"
 README = ROOT / "README.md"
+TEACHING = ROOT / "docs" / "teaching.md"
+#: a workshop slot per notebook: reading, discussing and the exercise (the teacher's plan)
+SLOTS_MIN = {"00": 30, "01": 45, "02": 60, "03": 45, "04": 60, "05": 30, "06": 45, "07": 60,
+             "08": 45, "09": 60, "10": 60}
 BENCHMARKS = ROOT / "benchmarks" / "results"
 
 
@@ -284,16 +290,70 @@ def render_readme(text: str, figures: dict[str, Any], folder: Path = BENCHMARKS)
     return replace_block(text, "benchmark", render_benchmarks(folder))
 
 
+def notebook_timings() -> dict[str, Any]:
+    """Execute every notebook and solution top to bottom at the tiny preset (nbclient, a fresh
+    kernel each) and time it, with the machine's load noted."""
+    import os
+    import time
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    os.environ.update(COURSE_SIZE="tiny", MPLBACKEND="Agg")
+    rows = {}
+    load = os.getloadavg()[0]
+    for folder in ("notebooks", "solutions"):
+        for path in sorted((ROOT / folder).glob("[0-9][0-9]_*.ipynb")):
+            nb = nbformat.read(path, as_version=4)
+            t0 = time.perf_counter()
+            NotebookClient(nb, timeout=900, kernel_name="python3",
+                           resources={"metadata": {"path": str(path.parent)}}).execute()
+            rows.setdefault(path.name[:2], {"name": path.stem[3:].replace("_", " ")})[folder] = \
+                round(time.perf_counter() - t0)
+    return {"meta": {"date": datetime.date.today().isoformat(), "torch": torch.__version__,
+                     "cores": os.cpu_count(), "load average before": round(load, 1),
+                     "load average after": round(os.getloadavg()[0], 1)},
+            "rows": rows}
+
+
+def _title(nn: str) -> str:
+    """A notebook's title from its first heading, e.g. 'GPU memory basics'."""
+    import nbformat
+
+    path = next((ROOT / "notebooks").glob(f"{nn}_*.ipynb"))
+    first = nbformat.read(path, as_version=4).cells[0].source.splitlines()[0]
+    return first.lstrip("# ").split("·", 1)[-1].strip()
+
+
+def render_timings(data: dict[str, Any]) -> str:
+    m = data["meta"]
+    lines = [f"Measured by `python -m course_utils.readme --timings` on {m['date']} (torch {m['torch']}, "
+             f"{m['cores']} cores, load average {m['load average before']} before and "
+             f"{m['load average after']} after; nbclient, a fresh kernel per notebook, the `tiny` preset).",
+             "", "| NN | notebook | run, CPU | solution run, CPU | suggested slot |", "|---|---|---|---|---|"]
+    for nn, r in sorted(data["rows"].items()):
+        lines.append(f"| {nn} | {_title(nn)} | {r.get('notebooks', '-')} s | {r.get('solutions', '-')} s | "
+                     f"{SLOTS_MIN.get(nn, 45)} min |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m course_utils.readme", description=__doc__.splitlines()[0])
-    ap.add_argument("--render", action="store_true", help="only re-render README from the committed JSON")
+    ap.add_argument("--render", action="store_true", help="only re-render from the committed JSON")
+    ap.add_argument("--timings", action="store_true", help="also time every notebook (minutes)")
     args = ap.parse_args(argv)
     if not args.render:
         FIGURES.parent.mkdir(exist_ok=True)
         FIGURES.write_text(json.dumps(headlines(), indent=1) + "\n")
         print(f"wrote {FIGURES}")
+    if args.timings:
+        TIMINGS.write_text(json.dumps(notebook_timings(), indent=1) + "\n")
+        print(f"wrote {TIMINGS}")
     README.write_text(render_readme(README.read_text(), json.loads(FIGURES.read_text())))
-    print(f"rewrote the generated blocks of {README}")
+    if TIMINGS.exists():
+        TEACHING.write_text(replace_block(TEACHING.read_text(), "timings",
+                                          render_timings(json.loads(TIMINGS.read_text()))))
+    print(f"rewrote the generated blocks of {README} and {TEACHING}")
     return 0
 
 

@@ -41,3 +41,23 @@ def test_step_time_runs_in_the_model_dtype():
     assert step_time(build, (2, 1, 8, 8, 8), reps=1, dtype=torch.bfloat16) > 0  # bf16 model, bf16 input
     with pytest.raises(ValueError, match="reps"):
         step_time(build, (2, 1, 8, 8, 8), reps=0)
+
+
+def test_a_cuda_row_that_runs_out_of_memory_is_reported_not_fatal(monkeypatch):
+    """The full preset on a GPU smaller than it assumes: that row says so, the others stay."""
+    from types import SimpleNamespace
+
+    from course_utils import compare
+
+    def measure(build, *args, **kwargs):
+        if build is builds["big"]:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+        return SimpleNamespace(peak_allocated=2**20, kept_after_forward=2**19, saved_peak=2**19,
+                               method="measured (fake)")
+
+    builds = {"small": lambda: UNet3D(3, 4), "big": lambda: UNet3D(3, 8)}
+    monkeypatch.setattr(compare, "measure_step", measure)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=8 * 2**30))
+    t = technique_table(builds, (2, 1, 8, 8, 8), device="cuda")
+    assert t["peak MiB"].tolist()[0] == 1.0
+    assert t["method"].iloc[1].startswith("out of memory on this 8 GiB GPU")

@@ -32,3 +32,10 @@ def test_the_fast_headlines_recompute_to_the_committed_figures():
 def test_benchmark_block_names_a_gpu_run_or_its_absence():
     block = readme.render_benchmarks()
     assert "No GPU run has been recorded yet" in block or "Measured: cuda" in block
+
+
+def test_teaching_timings_are_rendered_from_the_committed_measurement():
+    text = readme.TEACHING.read_text()
+    data = json.loads(readme.TIMINGS.read_text())
+    assert readme.replace_block(text, "timings", readme.render_timings(data)) == text
+    assert set(data["rows"]) == {p.name[:2] for p in (readme.ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}

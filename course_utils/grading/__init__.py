@@ -1,0 +1,13 @@
+"""Grading: the exercises' checks, the exercise generator, the student release and the grader.
+
+* ``exNN``      -- the checks of exercise NN (one module each); notebooks import ``check_*`` from here
+* ``core``      -- parts, observations and judgements, scores
+* ``registry``  -- exercise number -> module
+* ``generate``  -- ``python -m course_utils.grading.generate``: exercises/ from solutions/
+* ``release``   -- ``python -m course_utils.grading.release OUT``: what learners get for graded work
+* ``grade``     -- ``python -m course_utils.grading.grade submissions/``: grade a class
+* ``notebook_code``, ``strip``, ``sandbox``, ``runner``, ``kernel_launch``, ``limits`` -- the
+  grader's machinery (see docs/teaching.md, "Threat model")
+
+Importing this package imports nothing heavy; each module is imported on use.
+"""

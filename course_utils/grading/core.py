@@ -1,0 +1,399 @@
+"""What every exercise's checks are made of: parts, each split into an *observation* and a *judgement*.
+
+A part of an exercise has
+
+* an **observe** function: it runs the learner's objects (a function, a class) on inputs derived
+  from a seed and returns *data* only -- numbers, strings, tensors, lists/dicts of them. It runs
+  wherever the learner's code runs: in the notebook, or in the grader's sandbox process.
+* a **judge** function: it recomputes the reference from ``course_utils`` and PyTorch (never a
+  typed-in figure) for the same seed and compares; it raises ``CheckFailed`` with a message that
+  says what is wrong. The grader runs it in its own process, which never runs learner code, on
+  the observed data after a round trip through ``torch.save`` / ``torch.load(weights_only=True)``
+  (data only: loading it cannot run code).
+
+In a notebook, ``check_*`` functions run both halves in the learner's kernel, for instant feedback,
+and return a ``Score`` (a float: nbgrader reads it as the cell's partial credit).
+
+A part marked ``secret`` answers a question whose value *is* the answer (a segment count, a batch,
+a yes/no): its messages never show the expected value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+
+#: set by the grader for the learner's kernel: the notebook's own check cells then do nothing
+#: (the grader scores the parts in its own processes; running them twice would only cost time)
+GRADER_RUN_ENV = "COURSE_GRADER_RUN"
+
+#: how much of a learner's error message a part keeps (the grader's JSON keeps it all)
+MESSAGE_CHARS = 600
+
+
+class CheckFailed(AssertionError):
+    """A part's judgement failed; the message says what is wrong."""
+
+
+class RefusedObject(RuntimeError):
+    """Graded code used an object the exercise asks the learner to write (or grading code).
+
+    In the grader's sandbox those objects are replaced by stubs that raise this."""
+
+
+@dataclass
+class Raised:
+    """An observation that ended in an exception (kept as data: type, message, kind)."""
+
+    type: str
+    message: str
+    kind: str = "error"  # error | not_implemented | missing | refused | timeout | crashed | check
+
+    def to_data(self) -> dict:
+        return {"__raised__": True, "type": self.type, "message": self.message, "kind": self.kind}
+
+    @classmethod
+    def from_data(cls, d: Any) -> "Raised | None":
+        if isinstance(d, dict) and d.get("__raised__") is True:
+            return cls(str(d.get("type", "")), str(d.get("message", "")), str(d.get("kind", "error")))
+        return None
+
+    @classmethod
+    def from_exception(cls, err: BaseException) -> "Raised":
+        if isinstance(err, RefusedObject):
+            return cls(type(err).__name__, str(err), "refused")
+        if isinstance(err, CheckFailed):  # the harness found the answer unusable
+            return cls(type(err).__name__, str(err), "check")
+        if isinstance(err, NotImplementedError):
+            return cls("NotImplementedError", str(err), "not_implemented")
+        return cls(type(err).__name__, str(err), "error")
+
+    def explain(self) -> str:
+        if self.kind == "not_implemented":
+            return ("not implemented yet: replace `raise NotImplementedError()` with your code"
+                    + (f" ({self.message})" if self.message and self.message != "replace this line with your code" else ""))
+        if self.kind in ("missing", "refused", "timeout", "crashed", "check"):
+            return self.message
+        msg = self.message.strip()
+        if len(msg) > MESSAGE_CHARS:
+            msg = msg[:MESSAGE_CHARS] + " [...]"
+        return f"your code raised {self.type}" + (f": {msg}" if msg else "")
+
+
+# --------------------------------------------------------------------------------------------
+# Results
+# --------------------------------------------------------------------------------------------
+@dataclass
+class PartResult:
+    key: str
+    name: str
+    points: int
+    passed: bool = False
+    message: str = ""
+    checked: bool = True  # False: the student release has no answer to check this part with
+
+    @property
+    def score(self) -> int:
+        return self.points if self.passed else 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "name": self.name, "points": self.points, "score": self.score,
+                "passed": self.passed, "message": self.message}
+
+
+@dataclass
+class Report:
+    exercise: str
+    title: str
+    parts: list[PartResult] = field(default_factory=list)
+
+    @property
+    def score(self) -> int:
+        return sum(p.score for p in self.parts)
+
+    @property
+    def max_score(self) -> int:
+        return sum(p.points for p in self.parts if p.checked)
+
+    @property
+    def passed(self) -> bool:
+        return all(p.passed for p in self.parts if p.checked)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"exercise": self.exercise, "title": self.title, "score": self.score,
+                "max_score": self.max_score, "parts": [p.as_dict() for p in self.parts]}
+
+    def lines(self) -> list[str]:
+        out = []
+        for p in self.parts:
+            if not p.checked:
+                out.append(f"  [ -- ] {p.name} ({p.points} points): {p.message}")
+                continue
+            mark = "PASS" if p.passed else "FAIL"
+            out.append(f"  [{mark}] {p.name} ({p.score}/{p.points})" + ("" if p.passed else f": {p.message}"))
+        return out
+
+
+class Score(float):
+    """A check's score: a float (what nbgrader's autograder reads as the cell's partial credit),
+    shown in JupyterLab as "score / maximum"; ``.report`` holds every part."""
+
+    report: Report
+
+    def __new__(cls, report: Report) -> "Score":
+        s = super().__new__(cls, float(report.score))
+        s.report = report
+        return s
+
+    def _repr_markdown_(self) -> str:
+        r = self.report
+        done = " -- all parts pass" if r.passed else ""
+        return f"**Exercise {r.exercise}: {r.score}/{r.max_score} points{done}**"
+
+
+# --------------------------------------------------------------------------------------------
+# Exercises and parts
+# --------------------------------------------------------------------------------------------
+@dataclass
+class Part:
+    key: str
+    name: str
+    points: int
+    needs: tuple[str, ...]
+    secret: bool = False
+    observe_fn: Callable[..., Any] | None = None
+    judge_fn: Callable[..., None] | None = None
+
+    def observe(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        self.observe_fn = fn
+        return fn
+
+    def judge(self, fn: Callable[..., None]) -> Callable[..., None]:
+        self.judge_fn = fn
+        return fn
+
+
+@dataclass
+class Exercise:
+    """One exercise: its graded names, its parts, and what graded code may not use.
+
+    ``refused`` maps a ``course_utils`` module to the names in it that hold this exercise's
+    answer: in the grader's sandbox they are stubs that raise ``RefusedObject``."""
+
+    id: str
+    title: str
+    names: tuple[str, ...]
+    refused: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    parts: list[Part] = field(default_factory=list)
+
+    def part(self, key: str, name: str, points: int, needs: Iterable[str],
+             secret: bool = False) -> Part:
+        if any(p.key == key for p in self.parts):
+            raise ValueError(f"exercise {self.id}: part {key!r} defined twice")
+        needs = tuple(needs)
+        unknown = set(needs) - set(self.names)
+        if unknown:
+            raise ValueError(f"exercise {self.id}: part {key!r} needs unknown names {sorted(unknown)}")
+        p = Part(key, name, points, needs, secret)
+        self.parts.append(p)
+        return p
+
+    def get(self, key: str) -> Part:
+        for p in self.parts:
+            if p.key == key:
+                return p
+        raise KeyError(f"exercise {self.id} has no part {key!r}; parts: {[p.key for p in self.parts]}")
+
+    @property
+    def max_score(self) -> int:
+        return sum(p.points for p in self.parts)
+
+    def refusal(self, name: str, obj: Any) -> Raised | None:
+        """In a notebook: refuse a graded object taken from course_utils (the grader refuses
+        it too, and more strictly: see notebook_code.graded_objects)."""
+        mods = [getattr(obj, "__module__", "") or ""]
+        if isinstance(obj, type):
+            for base in obj.__mro__[1:]:
+                if any(base.__module__ == m and base.__qualname__ in names for m, names in self.refused.items()):
+                    mods.append(base.__module__)
+        if any(m == "course_utils" or m.startswith("course_utils.") for m in mods):
+            return Raised("RefusedObject", f"{name} comes from {mods[-1]}: graded objects must be your own, "
+                          "written in the notebook", "refused")
+        return None
+
+    # -- the two halves ------------------------------------------------------------------------
+    def observe(self, key: str, objects: dict[str, Any], seed: int) -> Any:
+        """Run part ``key`` on the learner's objects; return data, or ``Raised`` as data."""
+        part = self.get(key)
+        for name in part.needs:
+            if isinstance(objects.get(name), Raised):
+                return objects[name].to_data()
+            if name not in objects:
+                return Raised("NameError", f"{name} is not defined", "missing").to_data()
+        try:
+            with quiet():
+                value = part.observe_fn(seed=seed, **{n: objects[n] for n in part.needs})
+            return as_data(value)
+        except BaseException as err:  # noqa: BLE001 - the learner's code may raise anything
+            if isinstance(err, (KeyboardInterrupt, SystemExit)) and not _in_sandbox():
+                # in a notebook, an interrupt must still stop the cell
+                raise
+            return Raised.from_exception(err).to_data()
+
+    def judge(self, key: str, observed: Any, seed: int) -> PartResult:
+        """Compare an observation with the reference; never raises."""
+        part = self.get(key)
+        result = PartResult(part.key, part.name, part.points)
+        raised = Raised.from_data(observed)
+        if raised is not None:
+            result.message = raised.explain()
+            return result
+        try:
+            with quiet():
+                part.judge_fn(observed, seed=seed)
+            result.passed, result.message = True, "ok"
+        except CheckFailed as err:
+            result.message = str(err)
+        except RefusedObject:  # the student release: this part's answer is not shipped
+            result.checked = False
+            result.message = "checked by your teacher's grader (its answer is not in the student release)"
+        except Exception as err:  # noqa: BLE001 - the observation was not what the judge expects
+            result.message = (f"the result has the wrong form ({type(err).__name__}: "
+                              f"{str(err)[:MESSAGE_CHARS]})")
+        return result
+
+    def run(self, keys: Iterable[str], objects: dict[str, Any], seed: int = 0,
+            verbose: bool = True) -> Score | None:
+        """Observe and judge parts in this process (a notebook's instant feedback)."""
+        if os.environ.get(GRADER_RUN_ENV):
+            print(f"(grading run: exercise {self.id} is scored by the grader in its own processes)")
+            return None
+        report = Report(self.id, self.title)
+        objects = {n: self.refusal(n, o) or o for n, o in objects.items()}
+        for key in keys:
+            data = roundtrip(self.observe(key, objects, seed))
+            report.parts.append(self.judge(key, data, seed))
+        if verbose:
+            print("\n".join(report.lines()))
+        return Score(report)
+
+
+def _in_sandbox() -> bool:
+    return bool(os.environ.get("COURSE_GRADER_SANDBOX"))
+
+
+@contextlib.contextmanager
+def quiet():
+    """Warnings off, stderr to stdout: nbgrader gives 0 to a test cell that writes to stderr."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with contextlib.redirect_stderr(sys.stdout):
+            yield
+
+
+# --------------------------------------------------------------------------------------------
+# Observations are data
+# --------------------------------------------------------------------------------------------
+def as_data(value: Any) -> Any:
+    """Check that ``value`` is data the grader may load (``torch.load(weights_only=True)``):
+    None, bool, int, float, str, tensors (detached, on the CPU), and lists/tuples/dicts of them."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        return t.clone()
+    if isinstance(value, torch.dtype):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [as_data(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): as_data(v) for k, v in value.items()}
+    raise TypeError(f"an observation must be data, got {type(value).__name__}")
+
+
+def roundtrip(data: Any) -> Any:
+    """What the grader's judge sees: the data after ``torch.save`` and a safe ``torch.load``."""
+    buf = io.BytesIO()
+    torch.save(data, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Comparisons (judge side)
+# --------------------------------------------------------------------------------------------
+def fmt(v: Any) -> str:
+    if isinstance(v, bool) or not isinstance(v, int):
+        return repr(v)
+    return f"{v:,}"
+
+
+def expect_equal(label: str, got: Any, expected: Any, secret: bool = False) -> None:
+    if got != expected or isinstance(got, bool) != isinstance(expected, bool):
+        if secret:
+            raise CheckFailed(f"{label}: {fmt(got)} is not right")
+        raise CheckFailed(f"{label}: expected {fmt(expected)}, got {fmt(got)}")
+
+
+def expect_int(label: str, got: Any) -> int:
+    if isinstance(got, bool) or not isinstance(got, int):
+        raise CheckFailed(f"{label}: expected an int, got {type(got).__name__} {got!r:.80}")
+    return got
+
+
+def expect_close(label: str, got: Any, expected: torch.Tensor, atol: float = 1e-5,
+                 rtol: float = 1e-4) -> None:
+    if not isinstance(got, torch.Tensor):
+        raise CheckFailed(f"{label}: expected a tensor, got {type(got).__name__}")
+    if tuple(got.shape) != tuple(expected.shape):
+        raise CheckFailed(f"{label}: expected shape {tuple(expected.shape)}, got {tuple(got.shape)}")
+    if got.dtype != expected.dtype:
+        got = got.to(expected.dtype)
+    if not bool(torch.isfinite(got).all()):
+        raise CheckFailed(f"{label}: contains NaN or inf")
+    err = (got - expected).abs()
+    tol = atol + rtol * expected.abs()
+    if bool((err > tol).any()):
+        raise CheckFailed(f"{label}: values differ (max abs error {err.max().item():.3g}, "
+                          f"{int((err > tol).sum())} of {err.numel()} elements out of tolerance)")
+
+
+def expect_grads_close(label: str, got: list, expected: list, rel: float = 1e-4) -> None:
+    """Gradients, compared with a tolerance relative to the largest reference gradient: a conv
+    bias in front of BatchNorm has a true gradient of zero, and any two correct computations
+    disagree there by rounding noise (see ``parallel.relative_error``)."""
+    if len(got) != len(expected):
+        raise CheckFailed(f"{label}: expected {len(expected)} gradients (one per parameter), got {len(got)}")
+    scale = max((e.abs().max().item() for e in expected), default=1.0)
+    for k, (g, e) in enumerate(zip(got, expected)):
+        if g is None:
+            raise CheckFailed(f"{label} {k}: no gradient (None): is the parameter still in the graph?")
+        expect_close(f"{label} {k}", g, e, atol=rel * scale, rtol=1e-3)
+
+
+def seeded(seed: int, *salt: int) -> torch.Generator:
+    """A generator for a part's inputs: the same numbers in the sandbox and in the judge."""
+    g = torch.Generator()
+    g.manual_seed((int(seed) * 1_000_003 + sum((i + 1) * 7919 * s for i, s in enumerate(salt))) % 2**62)
+    return g
+
+
+def reference(fn: Callable) -> Callable:
+    """Marks a function that computes a reference: the grader's sandbox, where learner code runs,
+    gets a copy of this package with such bodies removed."""
+    return fn
+
+
+def answer(fn: Callable) -> Callable:
+    """Marks a reference that *is* the answer of a secret part: removed from the sandbox and from
+    the student release (whose notebooks then leave that part to the teacher's grader)."""
+    return fn

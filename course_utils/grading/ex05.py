@@ -1,0 +1,175 @@
+"""Exercise 05 -- in-place ReLU: where it is safe, a broken function fixed, where a net's peak
+is, and whether in-place ReLU lowers it."""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..memory import predict_step
+from ..unet import UNet3D, bn_relu, bn_relu_inplace
+from .core import CheckFailed, Exercise, answer, expect_close, reference
+
+EX = Exercise("05", "In-place ReLU", names=("answers", "fixed", "where_is_the_peak", "inplace_lowers_peak"))
+
+PRECEDING_OPS: dict[str, Callable[[], nn.Module]] = {
+    "Conv3d": lambda: nn.Conv3d(2, 2, 3, padding=1),
+    "BatchNorm3d": lambda: nn.BatchNorm3d(2),
+    "Sigmoid": nn.Sigmoid,
+    "Tanh": nn.Tanh,
+    "MaxPool3d": lambda: nn.MaxPool3d(2),
+    "ReLU": nn.ReLU,
+    "Softplus": nn.Softplus,
+    "ELU": nn.ELU,
+}
+
+
+@answer
+@functools.lru_cache(maxsize=None)
+def inplace_relu_is_safe_after(op: str) -> bool:
+    """By experiment: does ``ReLU(inplace=True)`` after ``op`` leave backward working?"""
+    x = torch.randn(2, 2, 4, 4, 4, requires_grad=True)
+    out = nn.ReLU(inplace=True)(PRECEDING_OPS[op]()(x * 1))
+    try:
+        out.sum().backward()
+        return True
+    except RuntimeError:
+        return False
+
+
+ANSWERS = EX.part("answers", "which ops may be followed by ReLU(inplace=True)", 2, ["answers"], secret=True)
+FIXED = EX.part("fixed", "fixed(x): same values as broken(x), working backward, right gradient", 2, ["fixed"])
+PEAK = EX.part("peak", "where_is_the_peak: the phase and module at a net's predicted peak", 2,
+               ["where_is_the_peak"])
+LOWERS = EX.part("lowers", "inplace_lowers_peak: does in-place ReLU lower a net's predicted peak?", 1,
+                 ["inplace_lowers_peak"])
+
+
+@ANSWERS.observe
+def _(answers, seed):
+    got = answers()
+    if not isinstance(got, dict):
+        raise TypeError(f"answers() must return a dict op -> bool, got {type(got).__name__}")
+    return {str(k): v for k, v in got.items()}
+
+
+@ANSWERS.judge
+def _(got, seed):
+    missing = sorted(set(PRECEDING_OPS) - set(got))
+    if missing:
+        raise CheckFailed(f"answer every op; missing: {missing}")
+    not_bool = sorted(k for k in PRECEDING_OPS if not isinstance(got[k], bool))
+    if not_bool:
+        raise CheckFailed(f"answer True or False; not a bool for: {not_bool}")
+    wrong = sum(got[op] != inplace_relu_is_safe_after(op) for op in PRECEDING_OPS)
+    if wrong:
+        raise CheckFailed(f"{wrong} of {len(PRECEDING_OPS)} answers are wrong: for each op, ask what "
+                          "it saves for backward, then try it")
+
+
+def broken(x):
+    """The function of the exercise: its backward fails."""
+    y = torch.sigmoid(x)
+    y.mul_(2)
+    return y
+
+
+@FIXED.observe
+def _(fixed, seed):
+    x = torch.randn(7, generator=torch.Generator().manual_seed(seed % 2**31)).requires_grad_()
+    y = fixed(x)
+    y.sum().backward()
+    return {"y": y, "grad": x.grad}
+
+
+@FIXED.judge
+def _(got, seed):
+    x = torch.randn(7, generator=torch.Generator().manual_seed(seed % 2**31))
+    s = torch.sigmoid(x)
+    expect_close("fixed(x)", got["y"], 2 * s)
+    expect_close("the gradient of fixed(x).sum()", got["grad"], 2 * s * (1 - s))
+
+
+# -- where is the peak, and does in-place ReLU lower it -----------------------------------------
+def _net(inplace: bool, checkpoint: bool, levels: int) -> Callable[[], nn.Module]:
+    norm_act = bn_relu_inplace if inplace else bn_relu
+    return functools.partial(UNet3D, levels=levels, channels=4, norm_act=norm_act, checkpoint_levels=checkpoint)
+
+
+#: the nets of the last two parts: (description, build plain, build in-place, input shape)
+NETS = {
+    "U-Net, 3 levels": (_net(False, False, 3), _net(True, False, 3), (2, 1, 16, 16, 16)),
+    "U-Net, 3 levels, every level checkpointed": (_net(False, True, 3), _net(True, True, 3), (2, 1, 16, 16, 16)),
+    "U-Net, 2 levels": (_net(False, False, 2), _net(True, False, 2), (1, 1, 16, 24, 24)),
+}
+
+
+@reference
+@functools.lru_cache(maxsize=None)
+def peak_of(name: str, inplace: bool) -> tuple[str, str, int]:
+    """(phase, module, peak bytes) of the net's predicted step (no optimizer)."""
+    plain, inp, shape = NETS[name]
+    pred = predict_step(inp if inplace else plain, shape, n_classes=5, optimizer=None)
+    rows = pred.log.rows
+    top = max(range(len(rows)), key=lambda i: rows[i].tracked)
+    first_bwd = next((i for i, r in enumerate(rows) if r.hook.startswith("bwd")), len(rows))
+    return ("backward" if top >= first_bwd else "forward"), rows[top].module, pred.peak
+
+
+@PEAK.observe
+def _(where_is_the_peak, seed):
+    out = {}
+    for name, (plain, _, shape) in NETS.items():
+        got = where_is_the_peak(plain, shape)
+        out[name] = list(got) if isinstance(got, (tuple, list)) else got
+    return out
+
+
+@PEAK.judge
+def _(got, seed):
+    for name in NETS:
+        answer = got.get(name)
+        if not (isinstance(answer, list) and len(answer) == 2):
+            raise CheckFailed(f"{name}: return a pair (phase, module name), got {answer!r:.80}")
+        phase, module = answer
+        ref_phase, ref_module, _ = peak_of(name, False)
+        if phase not in ("forward", "backward"):
+            raise CheckFailed(f"{name}: the phase is 'forward' or 'backward', got {phase!r}")
+        if phase != ref_phase:
+            raise CheckFailed(f"{name}: that is not the phase the predicted peak falls in")
+        if module != ref_module:
+            raise CheckFailed(f"{name}: {module!r} is not the module whose hook saw the peak (the row "
+                              "of the predicted step's hook table with the most live bytes)")
+
+
+@LOWERS.observe
+def _(inplace_lowers_peak, seed):
+    return {name: inplace_lowers_peak(plain, inp, shape) for name, (plain, inp, shape) in NETS.items()}
+
+
+@LOWERS.judge
+def _(got, seed):
+    wrong = []
+    for name in NETS:
+        expected = peak_of(name, True)[2] < peak_of(name, False)[2]
+        if not isinstance(got.get(name), bool):
+            raise CheckFailed(f"{name}: return True or False, got {got.get(name)!r:.80}")
+        if got[name] != expected:
+            wrong.append(name)
+    if wrong:
+        raise CheckFailed(f"wrong for {len(wrong)} of {len(NETS)} nets: compare the predicted peaks "
+                          "of the two builds")
+
+
+def check_inplace(answers, fixed, verbose: bool = True):
+    """Instant feedback on ``answers`` and ``fixed``."""
+    return EX.run(["answers", "fixed"], {"answers": answers, "fixed": fixed}, verbose=verbose)
+
+
+def check_peak(where_is_the_peak, inplace_lowers_peak, verbose: bool = True):
+    """Instant feedback on ``where_is_the_peak`` and ``inplace_lowers_peak``."""
+    return EX.run(["peak", "lowers"], {"where_is_the_peak": where_is_the_peak,
+                                       "inplace_lowers_peak": inplace_lowers_peak}, verbose=verbose)

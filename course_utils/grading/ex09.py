@@ -1,0 +1,140 @@
+"""Exercise 09 -- split the U-Net in two stages; how many bytes cross the cut."""
+
+from __future__ import annotations
+
+import torch
+
+from ..unet import UNet3D, level_shapes, seed000_unet
+from .core import CheckFailed, Exercise, expect_close, expect_equal, expect_grads_close, expect_int, reference, seeded
+
+EX = Exercise("09", "Model parallel", names=("split_unet", "boundary_bytes"),
+              refused={"course_utils.parallel": ("EncoderStage", "DecoderStage", "TwoStageUNet")})
+
+
+def _net(seed: int) -> UNet3D:
+    with torch.random.fork_rng():
+        torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=seeded(seed, 90))))
+        return UNet3D(levels=3, channels=4)
+
+
+def _input(seed: int) -> torch.Tensor:
+    return torch.randn(2, 1, 8, 8, 8, generator=seeded(seed, 91))
+
+
+def run_split(split_unet, seed: int) -> dict:
+    net = _net(seed)
+    stages = split_unet(net)
+    if not (isinstance(stages, (tuple, list)) and len(stages) == 2):
+        raise CheckFailed(f"split_unet must return (stage1, stage2), got {type(stages).__name__}")
+    ids = [{id(p) for p in s.parameters()} for s in stages]
+    out = stages[1](stages[0](_input(seed)))
+    out.sum().backward()
+    return {"shared": len(ids[0] & ids[1]), "covered": len(ids[0] | ids[1]),
+            "total": len(list(net.parameters())), "out": out.detach(),
+            "grads": {n: p.grad for n, p in net.named_parameters()}}
+
+
+@reference
+def unsplit(seed: int) -> dict:
+    net = _net(seed)
+    out = net(_input(seed))
+    out.sum().backward()
+    return {"out": out.detach(), "grads": {n: p.grad for n, p in net.named_parameters()}}
+
+
+DISJOINT = EX.part("disjoint", "the stages share no parameter and together hold them all", 1, ["split_unet"])
+OUTPUT = EX.part("output", "stage2(stage1(x)) equals net(x)", 2, ["split_unet"])
+GRADS = EX.part("grads", "the gradients equal the unsplit net's", 1, ["split_unet"])
+BOUNDARY = EX.part("boundary", "boundary_bytes: the bytes that cross the cut in the forward pass", 2,
+                   ["boundary_bytes"])
+
+
+@DISJOINT.observe
+def _(split_unet, seed):
+    return run_split(split_unet, seed)
+
+
+@DISJOINT.judge
+def _(got, seed):
+    if got["shared"]:
+        raise CheckFailed(f"{got['shared']} parameters are in both stages")
+    expect_equal("parameters in the two stages together", got["covered"], got["total"])
+
+
+@OUTPUT.observe
+def _(split_unet, seed):
+    return run_split(split_unet, seed)
+
+
+@OUTPUT.judge
+def _(got, seed):
+    expect_close("output", got["out"], unsplit(seed)["out"])
+
+
+@GRADS.observe
+def _(split_unet, seed):
+    return run_split(split_unet, seed)
+
+
+@GRADS.judge
+def _(got, seed):
+    ref = unsplit(seed)["grads"]
+    for n in ref:
+        if got["grads"].get(n) is None:
+            raise CheckFailed(f"{n} got no gradient: the stages must use the net's own blocks")
+    names = list(ref)
+    expect_grads_close("gradient of parameter", [got["grads"][n] for n in names], [ref[n] for n in names])
+
+
+# -- boundary_bytes(net, input_shape, dtype) ----------------------------------------------------
+def boundary_cases(seed: int) -> list[dict]:
+    g = seeded(seed, 92)
+    levels = int(torch.randint(3, 6, (1,), generator=g))
+    side = 2 ** (levels - 1)
+    vol = [int(v) * side + int(w) for v, w in zip(torch.randint(2, 4, (3,), generator=g),
+                                                  torch.randint(0, side, (3,), generator=g))]
+    return [
+        {"net": "seed000 large", "shape": [2, 1, 26, 150, 320], "dtype": "float16"},
+        {"net": f"UNet3D(levels={levels}, channels=8)", "levels": levels,
+         "shape": [int(torch.randint(1, 4, (1,), generator=g)), 1, *vol], "dtype": "float32"},
+    ]
+
+
+def _build(case: dict):
+    with torch.device("meta"):
+        if case["net"] == "seed000 large":
+            return seed000_unet("large")
+        return UNet3D(levels=case["levels"], channels=8)
+
+
+@BOUNDARY.observe
+def _(boundary_bytes, seed):
+    return [[c["net"], c["shape"], c["dtype"],
+             boundary_bytes(_build(c), tuple(c["shape"]), getattr(torch, c["dtype"]))]
+            for c in boundary_cases(seed)]
+
+
+@reference
+def reference_boundary(case: dict) -> int:
+    net = _build(case)
+    rows = level_shapes(net, case["shape"][2:], batch=case["shape"][0])
+    size = torch.empty((), dtype=getattr(torch, case["dtype"])).element_size()
+    return sum(int(torch.Size(shape).numel()) * size for name, shape in rows
+               if name == "inc" or name.startswith("downs."))
+
+
+@BOUNDARY.judge
+def _(got, seed):
+    for case, (name, shape, dtype, value) in zip(boundary_cases(seed), got):
+        expect_int(f"boundary_bytes({name}, {tuple(shape)}, {dtype})", value)
+        expect_equal(f"boundary_bytes({name}, {tuple(shape)}, {dtype})", value, reference_boundary(case))
+
+
+def check_split(split_unet, verbose: bool = True):
+    """Instant feedback on your ``split_unet``."""
+    return EX.run(["disjoint", "output", "grads"], {"split_unet": split_unet}, verbose=verbose)
+
+
+def check_boundary(boundary_bytes, verbose: bool = True):
+    """Instant feedback on your ``boundary_bytes``."""
+    return EX.run(["boundary"], {"boundary_bytes": boundary_bytes}, verbose=verbose)

@@ -1,0 +1,137 @@
+"""Exercise 10 -- design a configuration for a new volume and budget.
+
+``design(volume, budget_gib) -> explorer.Config``: seed 000's large U-Net on one GPU with fp32
+master weights (fp32 or autocast), the switches that fit the largest batch. The check asks for
+volumes and budgets the notebooks never show and compares with the best the explorer finds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+from .. import explorer as ex
+from .core import CheckFailed, Exercise, answer, expect_equal, seeded
+
+EX = Exercise("10", "Design a configuration", names=("design",))
+
+#: precisions that keep fp32 master weights (notebook 04)
+MASTER_FP32 = ("fp32", "autocast fp16", "autocast bf16")
+VOLUMES = ((32, 128, 128), (24, 160, 160), (48, 96, 128), (16, 192, 192), (40, 112, 112))
+BUDGETS_GIB = (4, 8, 12)
+
+
+def design_cases(seed: int) -> list[tuple[tuple[int, int, int], int]]:
+    """One (volume, budget) per seed, from lists the notebooks never use."""
+    g = seeded(seed, 100)
+    v = int(torch.randint(0, len(VOLUMES), (1,), generator=g))
+    b = int(torch.randint(0, len(BUDGETS_GIB), (1,), generator=g))
+    return [(VOLUMES[v], BUDGETS_GIB[b])]
+
+
+def baseline(volume, budget_gib: int) -> ex.Config:
+    """Seed 000's large net in fp32 with no technique switched on."""
+    return ex.Config(volume=tuple(volume), budget_gib=budget_gib, precision="fp32")
+
+
+@answer
+@functools.lru_cache(maxsize=None)
+def best_batch(volume: tuple[int, int, int], budget_gib: int) -> int:
+    """The largest batch of the notebooks' fp32-master combinations (precision, lean Up,
+    activation trick, checkpointing; the explorer's prediction). bf16 needs the same bytes as
+    fp16 (notebook 04), so only fp16 is searched. A design may beat it with the frontier's
+    finer switches (notebook 10): reaching it is what the part asks."""
+    return max(ex.estimate(c).largest_batch
+               for c in ex.all_combinations(baseline(volume, budget_gib), precisions=["fp32", "autocast fp16"],
+                                            lean_up=(False, True)))
+
+
+def _observe(design, seed: int) -> list:
+    out = []
+    for volume, budget in design_cases(seed):
+        cfg = design(volume, budget)
+        if not isinstance(cfg, ex.Config):
+            raise CheckFailed(f"design({volume}, {budget}) must return a course_utils.explorer.Config, "
+                              f"got {type(cfg).__name__}")
+        out.append({"volume": list(volume), "budget": budget, "config": dataclasses.asdict(cfg)})
+    return out
+
+
+def _config(d: dict) -> ex.Config:
+    fields = {f.name for f in dataclasses.fields(ex.Config)}
+    if set(d) != fields:
+        raise CheckFailed("not an explorer.Config")
+    d = dict(d, volume=tuple(d["volume"]))
+    return ex.Config(**d)
+
+
+def _valid(case: dict) -> ex.Config:
+    cfg = _config(case["config"])
+    what = f"design({tuple(case['volume'])}, {case['budget']})"
+    expect_equal(f"{what}: volume", tuple(cfg.volume), tuple(case["volume"]))
+    expect_equal(f"{what}: budget_gib", cfg.budget_gib, case["budget"])
+    expect_equal(f"{what}: (levels, base_channels, seed000)", (cfg.levels, cfg.base_channels, cfg.seed000),
+                 (5, 64, True))
+    expect_equal(f"{what}: dp_ranks (one GPU)", cfg.dp_ranks, 1)
+    if cfg.precision not in MASTER_FP32:
+        raise CheckFailed(f"{what}: precision {cfg.precision!r} has no fp32 master weights (notebook 04)")
+    try:
+        ex.estimate(cfg)
+    except ValueError as err:
+        raise CheckFailed(f"{what}: not a valid configuration: {err}") from None
+    return cfg
+
+
+VALID = EX.part("valid", "a valid configuration of seed 000's net with fp32 master weights", 1, ["design"])
+BEATS = EX.part("beats", "fits a larger batch than plain fp32", 1, ["design"])
+BEST = EX.part("best", "fits the largest batch any fp32-master configuration can", 2, ["design"],
+               secret=True)
+
+
+@VALID.observe
+def _(design, seed):
+    return _observe(design, seed)
+
+
+@VALID.judge
+def _(got, seed):
+    for case in got:
+        _valid(case)
+
+
+@BEATS.observe
+def _(design, seed):
+    return _observe(design, seed)
+
+
+@BEATS.judge
+def _(got, seed):
+    for case in got:
+        cfg = _valid(case)
+        mine = ex.estimate(cfg).largest_batch
+        base = ex.estimate(baseline(cfg.volume, cfg.budget_gib)).largest_batch
+        if mine <= base:
+            raise CheckFailed(f"design({tuple(cfg.volume)}, {cfg.budget_gib}): largest batch {mine}, no "
+                              f"better than plain fp32 ({base})")
+
+
+@BEST.observe
+def _(design, seed):
+    return _observe(design, seed)
+
+
+@BEST.judge
+def _(got, seed):
+    for case in got:
+        cfg = _valid(case)
+        mine = ex.estimate(cfg).largest_batch
+        if mine < best_batch(tuple(cfg.volume), cfg.budget_gib):
+            raise CheckFailed(f"design({tuple(cfg.volume)}, {cfg.budget_gib}) fits batch {mine}; another "
+                              "combination of switches fits a larger one")
+
+
+def check_design(design, verbose: bool = True):
+    """Instant feedback on your ``design`` (predicts a few dozen configurations: about a minute)."""
+    return EX.run([p.key for p in EX.parts], {"design": design}, verbose=verbose)

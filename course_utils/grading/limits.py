@@ -1,0 +1,237 @@
+"""Limits for a submission's processes, with what the operating system offers without root or
+cgroups (standard library only: this module runs before anything else in a sandboxed process).
+
+* ``apply_rlimits`` -- address space (memory), file size, no core dumps (``resource.setrlimit``);
+* ``landlock`` -- Linux's unprivileged sandbox (Landlock, kernel 5.13+): the process and its
+  children may read the system, Python and its packages and their scratch folder, and write
+  only the scratch folder; they cannot signal or ptrace processes outside it (ABI 6+);
+* ``set_subreaper`` / ``descendants`` / ``kill_new_descendants`` -- the grader becomes the parent
+  of every orphan its children leave (``PR_SET_CHILD_SUBREAPER``), so a double-forked or
+  ``setsid`` process is still found and killed before the submission's result is written;
+* ``tree_rss`` -- the memory of a set of processes (the total limit across processes).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+import resource
+import signal
+import site
+import sys
+import time
+from pathlib import Path
+
+# -- resource limits ----------------------------------------------------------------------------
+
+
+def apply_rlimits(memory_bytes: int | None, file_bytes: int | None = None) -> None:
+    """Address space and file size limits for this process and the processes it starts."""
+    if memory_bytes:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    if file_bytes:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+# -- Landlock -----------------------------------------------------------------------------------
+_SYS_CREATE, _SYS_ADD_RULE, _SYS_RESTRICT = 444, 445, 446  # the same on x86_64 and aarch64
+_PR_SET_NO_NEW_PRIVS = 38
+_RULE_PATH_BENEATH = 1
+_EXECUTE, _WRITE_FILE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+_FS_BITS_BY_ABI = {1: 13, 2: 14, 3: 15, 4: 15, 5: 16}  # number of fs access bits per ABI
+_FILE_ONLY = _EXECUTE | _WRITE_FILE | _READ_FILE | (1 << 14) | (1 << 15)  # rights valid on a file
+_SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _libc():
+    return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+def landlock_abi() -> int:
+    """Landlock's ABI version here, 0 if unavailable (not Linux, old kernel, disabled, seccomp)."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "aarch64"):
+        return 0
+    try:
+        r = _libc().syscall(_SYS_CREATE, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    except (OSError, AttributeError):
+        return 0
+    return max(int(r), 0)
+
+
+def python_read_paths() -> list[str]:
+    """Where this Python and its packages live (what a sandboxed Python must read)."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             str(Path(sys.executable).resolve().parent.parent)}
+    try:
+        paths.update(site.getsitepackages())
+    except AttributeError:
+        pass
+    return sorted(p for p in paths if p and os.path.isdir(p))
+
+
+SYSTEM_READ = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/proc", "/sys"]
+SYSTEM_WRITE = ["/dev"]
+
+
+def landlock(read: list[str], write: list[str], scope: bool = True) -> str:
+    """Restrict this process (and what it starts) to reading ``read`` and writing ``write``.
+
+    Returns a description of what is enforced; raises OSError if Landlock fails midway."""
+    abi = landlock_abi()
+    if abi < 1:
+        return "not available (no Landlock on this system)"
+    libc = _libc()
+    all_fs = (1 << _FS_BITS_BY_ABI.get(abi, 16)) - 1
+    attr = _RulesetAttr(all_fs, 0, (_SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL) if scope and abi >= 6 else 0)
+    size = ctypes.sizeof(_RulesetAttr) if abi >= 6 else (16 if abi >= 4 else 8)
+    fd = libc.syscall(_SYS_CREATE, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
+    try:
+        read_rights = _EXECUTE | _READ_FILE | _READ_DIR
+        for paths, rights in ((read, read_rights), (write, all_fs)):
+            for p in paths:
+                if not os.path.exists(p):
+                    continue
+                pfd = os.open(p, os.O_PATH | os.O_CLOEXEC)
+                try:
+                    allowed = rights if os.path.isdir(p) else rights & _FILE_ONLY
+                    rule = _PathBeneath(allowed & all_fs, pfd)
+                    if libc.syscall(_SYS_ADD_RULE, ctypes.c_int(fd), ctypes.c_int(_RULE_PATH_BENEATH),
+                                    ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
+                        raise OSError(ctypes.get_errno(), f"landlock_add_rule({p}): "
+                                      f"{os.strerror(ctypes.get_errno())}")
+                finally:
+                    os.close(pfd)
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+        if libc.syscall(_SYS_RESTRICT, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
+            raise OSError(ctypes.get_errno(), f"landlock_restrict_self: {os.strerror(ctypes.get_errno())}")
+    finally:
+        os.close(fd)
+    scoped = " and cannot signal processes outside it" if scope and abi >= 6 else ""
+    return f"Landlock ABI {abi}: writes only to its scratch folder{scoped}"
+
+
+def sandbox_self(scratch: str, memory_bytes: int | None, file_bytes: int | None,
+                 extra_read: list[str] = (), use_landlock: bool = True) -> str:
+    """Everything a submission's process applies to itself first: rlimits, then Landlock."""
+    apply_rlimits(memory_bytes, file_bytes)
+    if not use_landlock:
+        return "not used (switched off)"
+    read = SYSTEM_READ + python_read_paths() + list(extra_read) + [scratch]
+    try:
+        return landlock(read, SYSTEM_WRITE + [scratch])
+    except OSError as err:
+        return f"not enforced ({err})"
+
+
+# -- processes ----------------------------------------------------------------------------------
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def set_subreaper() -> bool:
+    """Orphans of our descendants become our children (Linux); False where unsupported."""
+    if platform.system() != "Linux":
+        return False
+    try:
+        return _libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _ppids() -> dict[int, int]:
+    out = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+            out[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def descendants(root: int | None = None) -> set[int]:
+    """Every process below ``root`` (default: this process)."""
+    root = os.getpid() if root is None else root
+    if not os.path.isdir("/proc"):
+        return set()
+    children: dict[int, list[int]] = {}
+    for pid, ppid in _ppids().items():
+        children.setdefault(ppid, []).append(pid)
+    out, todo = set(), [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+def _reap(pids) -> None:
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
+def kill_new_descendants(before: set[int], timeout_s: float = 10.0) -> int:
+    """SIGKILL every descendant of this process that was not in ``before``, until none is left
+    (a process may fork while we kill); returns how many were killed."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = {p for p in descendants() - before if not _is_zombie(p)}
+        if not alive:
+            break
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except ProcessLookupError:
+                pass
+        _reap(killed)
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    _reap(killed)
+    return len(killed)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+        return stat[stat.rindex(")") + 2:].split()[0] in ("Z", "X")
+    except (OSError, ValueError):
+        return True
+
+
+def tree_rss(pids) -> int:
+    """Resident bytes of ``pids`` together."""
+    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
