@@ -95,6 +95,8 @@ WRONG = {
            ("still in place", "return torch.sigmoid(x) * 2", "return torch.sigmoid(x).mul_(2)", ["fixed"]),
            ("always backward", 'return ("backward" if top >= first_bwd else "forward"), rows[top].module',
             'return "backward", rows[top].module', ["peak"]),
+           ("always forward", 'return ("backward" if top >= first_bwd else "forward"), rows[top].module',
+            'return "forward", rows[top].module', ["peak"]),
            ("not lower but equal", "return inplace < plain", "return inplace <= plain", ["lowers"])],
     "06": [("batch statistics ignored", "dx = g * (dy - (dbias / m).view(shape) - x_hat * (dweight / m).view(shape))",
             "dx = g * dy", ["train", "dims", "module"]),
@@ -167,6 +169,17 @@ def test_exercise_text_gives_no_answer():
 
 
 # -- feedback bugs of issue 16 --------------------------------------------------------------------
+def test_05_nets_cover_both_phases_and_both_answers():
+    # a part whose expected answers are all alike passes a constant answer: the CI run that found
+    # "always backward" passing had three backward peaks and no forward one
+    from course_utils.grading import ex05
+
+    phases = [ex05.peak_of(name, False)[0] for name in ex05.NETS]
+    lowers = [ex05.peak_of(name, True)[2] < ex05.peak_of(name, False)[2] for name in ex05.NETS]
+    assert set(phases) == {"forward", "backward"}, phases
+    assert set(lowers) == {True, False}, lowers
+
+
 def test_06_wrong_backward_names_the_error_not_an_attribute_error():
     got = grade(edited("06", "dx = g * dy\n", "dx = g * dy * 2\n"), "06", keys=["eval"])
     assert not got["eval"].passed

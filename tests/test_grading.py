@@ -5,6 +5,9 @@ line. The cheats of issue 16 run in tests/test_grading_class.py (make test-grade
 import csv
 import re
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -211,6 +214,22 @@ def test_small_class(small_class):
     table = summary(list(small_class.values()))
     assert "exercise 00 (A tensor's size, and new memory): 2 submission(s), mean 50.0 %" in table
     assert "not graded (2):" in table
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_CHILD_SUBREAPER is Linux's")
+def test_grading_leaves_this_process_no_subreaper_and_no_zombies(small_class):
+    # a CI run failed when the grader, run inside pytest, left pytest a subreaper for good: every
+    # orphan the later parallel-launch tests made became pytest's zombie
+    assert not limits.is_subreaper()
+    with limits.subreaper() as ok:
+        assert ok and limits.is_subreaper()
+        # a child that starts a grandchild and exits at once: the grandchild is adopted by us
+        subprocess.run([sys.executable, "-c", "import subprocess; subprocess.Popen(['true'])"], check=True)
+        time.sleep(0.5)
+        adopted = [p for p in limits._children() if limits._is_zombie(p)]
+        assert adopted, "the orphan should have been adopted and be waiting to be reaped"
+    assert not limits.is_subreaper()
+    assert not [p for p in limits._children() if limits._is_zombie(p)]
 
 
 # -- the command line --------------------------------------------------------------------------

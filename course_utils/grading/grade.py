@@ -143,7 +143,9 @@ class Grader:
         _import_everything()
         self.package = _snapshot(PACKAGE_DIR)
         self._libs: dict[str, dict[str, bytes]] = {}
-        self.subreaper = limits.set_subreaper()
+        # a subreaper only while a submission runs (``grade``): see ``limits.subreaper``
+        with limits.subreaper() as self.subreaper:
+            pass
         self.abi = limits.landlock_abi()
         self.workdir = Path(tempfile.mkdtemp(prefix="course-grader-"))
         os.chmod(self.workdir, 0o700)
@@ -211,6 +213,10 @@ class Grader:
             for p in result.parts:
                 p["message"] = "not checked: the file is not a readable notebook"
             return result
+        with limits.subreaper():
+            return self._grade(path, nn_id, data, seed, result, t0)
+
+    def _grade(self, path: Path, nn_id: str, data: bytes, seed: int, result: Result, t0: float) -> Result:
         self.count += 1
         scratch = self.workdir / f"sub-{self.count:04d}"
         scratch.mkdir()
