@@ -387,6 +387,14 @@ def seeded(seed: int, *salt: int) -> torch.Generator:
     return g
 
 
+def seeded_build(build: Callable[[], Any], generator: torch.Generator) -> Any:
+    """``build()`` with torch's global RNG seeded by one draw from ``generator``, then the global
+    RNG put back: the same initial weights in the sandbox and in the judge, whatever ran before."""
+    with torch.random.fork_rng():
+        torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=generator)))
+        return build()
+
+
 def reference(fn: Callable) -> Callable:
     """Marks a function that computes a reference: the grader's sandbox, where learner code runs,
     gets a copy of this package with such bodies removed."""

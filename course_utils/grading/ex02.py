@@ -17,7 +17,7 @@ from torch import nn
 
 from ..memory import SavedTensorMeter
 from ..unet import UNet3D
-from .core import CheckFailed, Exercise, expect_equal, reference, seeded
+from .core import CheckFailed, Exercise, expect_equal, reference, seeded, seeded_build
 
 EX = Exercise("02", "A hook logger", names=("log_hooks", "biggest_saver"),
               refused={"course_utils.memory": ("MemoryLog", "log_step")})
@@ -28,9 +28,7 @@ HOOKS = ("pre", "fwd", "bwd_pre", "bwd")
 def logger_inputs(seed: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     """The net and batch the logger is tried on (the same in the sandbox and the judge)."""
     g = seeded(seed, 20)
-    with torch.random.fork_rng():
-        torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=g)))
-        model = UNet3D(levels=2, channels=2)
+    model = seeded_build(lambda: UNet3D(levels=2, channels=2), g)
     x = torch.randn(2, 1, 8, 8, 8, generator=g)
     target = torch.randint(0, 5, (2, 8, 8, 8), generator=g)
     return model, x, target

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .core import CheckFailed, Exercise, expect_close, reference, seeded
+from .core import CheckFailed, Exercise, expect_close, reference, seeded, seeded_build
 
 EX = Exercise("04", "autocast and GradScaler", names=("amp_step",))
 
@@ -23,9 +23,7 @@ OVERFLOW_SCALE = 2.0**24  # fp16 gradients of the activations overflow at this s
 
 
 def _model(seed: int) -> nn.Module:
-    with torch.random.fork_rng():
-        torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=seeded(seed, 40))))
-        return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    return seeded_build(lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)), seeded(seed, 40))
 
 
 def _batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,16 +13,14 @@ from ..checkpointing import SegmentedStack, checkpointed, deep_stack
 from ..memory import SavedTensorMeter, predict_step
 from ..unet import UNet3D
 from .core import (CheckFailed, Exercise, answer, expect_close, expect_equal, expect_grads_close, expect_int,
-                   reference, seeded)
+                   reference, seeded, seeded_build)
 
 EX = Exercise("07", "Checkpointing", names=("encoder_forward", "best_segments", "checkpoint_plan"),
               refused={"course_utils.parallel": ("EncoderStage",)})
 
 
 def _encoder_net(seed: int) -> UNet3D:
-    with torch.random.fork_rng():
-        torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=seeded(seed, 70))))
-        return UNet3D(levels=3, channels=4)
+    return seeded_build(lambda: UNet3D(levels=3, channels=4), seeded(seed, 70))
 
 
 def _encoder_input(seed: int) -> torch.Tensor:

@@ -5,16 +5,15 @@ from __future__ import annotations
 import torch
 
 from ..unet import UNet3D, level_shapes, seed000_unet
-from .core import CheckFailed, Exercise, expect_close, expect_equal, expect_grads_close, expect_int, reference, seeded
+from .core import (CheckFailed, Exercise, expect_close, expect_equal, expect_grads_close, expect_int, reference,
+                   seeded, seeded_build)
 
 EX = Exercise("09", "Model parallel", names=("split_unet", "boundary_bytes"),
               refused={"course_utils.parallel": ("EncoderStage", "DecoderStage", "TwoStageUNet")})
 
 
 def _net(seed: int) -> UNet3D:
-    with torch.random.fork_rng():
-        torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=seeded(seed, 90))))
-        return UNet3D(levels=3, channels=4)
+    return seeded_build(lambda: UNet3D(levels=3, channels=4), seeded(seed, 90))
 
 
 def _input(seed: int) -> torch.Tensor:

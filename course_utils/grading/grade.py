@@ -143,9 +143,6 @@ class Grader:
         _import_everything()
         self.package = _snapshot(PACKAGE_DIR)
         self._libs: dict[str, dict[str, bytes]] = {}
-        # a subreaper only while a submission runs (``grade``): see ``limits.subreaper``
-        with limits.subreaper() as self.subreaper:
-            pass
         self.abi = limits.landlock_abi()
         self.workdir = Path(tempfile.mkdtemp(prefix="course-grader-"))
         os.chmod(self.workdir, 0o700)
@@ -213,7 +210,7 @@ class Grader:
             for p in result.parts:
                 p["message"] = "not checked: the file is not a readable notebook"
             return result
-        with limits.subreaper():
+        with limits.subreaper():  # only while a submission runs: see limits.subreaper
             return self._grade(path, nn_id, data, seed, result, t0)
 
     def _grade(self, path: Path, nn_id: str, data: bytes, seed: int, result: Result, t0: float) -> Result:

@@ -5,9 +5,10 @@ cgroups (standard library only: this module runs before anything else in a sandb
 * ``landlock`` -- Linux's unprivileged sandbox (Landlock, kernel 5.13+): the process and its
   children may read the system, Python and its packages and their scratch folder, and write
   only the scratch folder; they cannot signal or ptrace processes outside it (ABI 6+);
-* ``set_subreaper`` / ``descendants`` / ``kill_new_descendants`` -- the grader becomes the parent
-  of every orphan its children leave (``PR_SET_CHILD_SUBREAPER``), so a double-forked or
-  ``setsid`` process is still found and killed before the submission's result is written;
+* ``subreaper`` / ``descendants`` / ``kill_new_descendants`` -- while a submission runs, the
+  grader becomes the parent of every orphan its children leave (``PR_SET_CHILD_SUBREAPER``), so
+  a double-forked or ``setsid`` process is still found and killed before the submission's result
+  is written;
 * ``tree_rss`` -- the memory of a set of processes (the total limit across processes).
 """
 
