@@ -64,12 +64,18 @@ def clean_notebook(path: Path, dest: Path) -> None:
     nbformat.write(nb, dest)
 
 
-def release(out: Path, root: Path = ROOT, force: bool = False) -> dict:
+def _fresh_folder(out: Path, force: bool) -> Path:
+    """``out`` as a Path, removed first if it exists and ``force`` (refused otherwise)."""
     out = Path(out)
     if out.exists():
         if not force:
             raise FileExistsError(f"{out} exists: choose a new folder, or --force to replace it")
         shutil.rmtree(out)
+    return out
+
+
+def release(out: Path, root: Path = ROOT, force: bool = False) -> dict:
+    out = _fresh_folder(out, force)
     out.mkdir(parents=True)
     (out / "notebooks").mkdir()
     for nb in sorted((root / "notebooks").glob("*.ipynb")):
@@ -141,11 +147,7 @@ c.Execute.timeout = 600
 
 def nbgrader_course(out: Path, root: Path = ROOT, force: bool = False) -> list[str]:
     """source/exNN/<solution notebook> for each exercise, nbgrader_config.py and course_utils."""
-    out = Path(out)
-    if out.exists():
-        if not force:
-            raise FileExistsError(f"{out} exists: choose a new folder, or --force to replace it")
-        shutil.rmtree(out)
+    out = _fresh_folder(out, force)
     names = []
     for sol in sorted((root / "solutions").glob("[0-9][0-9]_*.ipynb")):
         name = f"ex{sol.name[:2]}"
