@@ -275,16 +275,14 @@ def trace_step(build_model: Callable[[], Any], input_shape: tuple[int, ...], *,
     events, and the index of the first event of each step."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from .memory import LiveBytes, default_dtype
+    from .memory import LiveBytes, _target_spec, default_dtype
     from .train import training_step
 
+    classify, target_shape, loss_fn = _target_spec(tuple(input_shape), target_shape, None, None)
     with default_dtype(dtype), FakeTensorMode():
         model = build_model()
         x = torch.randn(input_shape)
-        if target_shape is None:
-            y, loss_fn = torch.randint(0, n_classes, (input_shape[0], *input_shape[2:])), torch.nn.functional.cross_entropy
-        else:
-            y, loss_fn = torch.randn(target_shape), torch.nn.functional.mse_loss
+        y = torch.randint(0, n_classes, target_shape) if classify else torch.randn(target_shape)
         opt = torch.optim.Adam(model.parameters(), foreach=True) if optimizer else None
         with LiveBytes(trace=True) as live:
             live.track(model, x, y)

@@ -103,12 +103,12 @@ def cuda_policy(op: str) -> str | None:
     """The CUDA autocast policy of ``op`` (``"conv3d"``, ``"sum.dim_IntList"``, ...) in the
     installed torch, or None when CUDA autocast leaves it alone (it runs in its inputs' dtype)."""
     op = _strip(op)
-    if op not in registered("AutocastCUDA"):
-        return None
-    for policy, ops in POLICIES.items():
-        if op in ops:
-            return policy
-    return "unknown"
+    return _policy_of(op) if op in registered("AutocastCUDA") else None
+
+
+def _policy_of(op: str) -> str:
+    """The list of autocast_mode.h that names ``op`` (a registered CUDA autocast op)."""
+    return next((policy for policy, ops in POLICIES.items() if op in ops), "unknown")
 
 
 def unknown_cuda_ops() -> frozenset[str]:
@@ -246,7 +246,7 @@ def cuda_autocast_rules() -> Iterator[dict[str, str]]:
             warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
             for name in sorted(cuda | cpu):
                 if name in cuda:
-                    policy = cuda_policy(name)
+                    policy = _policy_of(name)  # name is in cuda: cuda_policy without the rebuild
                     lib.impl(name, _kernel(_overload(name), policy), "AutocastCPU")
                 else:
                     policy = "fallthrough"

@@ -10,7 +10,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .memory import measure_step, mib, predict_step
+from .memory import catch_oom, default_dtype, measure_step, mib, predict_step
+from .train import training_step
 
 COLUMNS = ["variant", "peak MiB", "peak vs baseline %", "kept after forward MiB",
            "kept vs baseline %", "saved MiB", "saved vs baseline %", "activations at peak MiB",
@@ -59,8 +60,6 @@ def technique_table(
     for name, build in builds.items():
         ac, dt = autocast.get(name), dtypes.get(name, dtype)
         if torch.device(device).type == "cuda":
-            from .memory import catch_oom
-
             with catch_oom(verbose=False) as oom:
                 m = measure_step(build, input_shape, n_classes=n_classes, dtype=dt, autocast_dtype=ac,
                                  steady_state=steady_state, device=device)
@@ -143,8 +142,6 @@ def plot_techniques(table, ax=None, title: str = "", budget_mib: float | None = 
 
 
 def _params_of(build: Callable[[], nn.Module], dtype: torch.dtype):
-    from .memory import default_dtype
-
     with default_dtype(dtype), torch.device("meta"):
         return list(build().parameters())
 
@@ -157,9 +154,6 @@ def step_time(build: Callable[[], nn.Module], input_shape: tuple[int, ...], *, n
     warm-up step. The model is built in ``dtype`` and the input made in it (a model built in
     fp16 gets fp16 input). On CUDA the clock stops after ``torch.cuda.synchronize()``. For
     notebooks and benchmarks; tests never assert on time."""
-    from .memory import default_dtype
-    from .train import training_step
-
     if reps < 1:
         raise ValueError(f"reps must be >= 1, got {reps}")
     dev = torch.device(device)
@@ -187,7 +181,6 @@ def plot_timelines(logs: dict, ax=None, title: str = "", window: tuple[int, int]
     line up), each with its true peak as a dashed line; ``window`` zooms to events [a, b)."""
     import matplotlib.pyplot as plt
 
-    from .memory import mib
 
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 3.4))

@@ -246,9 +246,6 @@ class LiveBytes(TorchDispatchMode):
                 self._add(t.untyped_storage())
         return out
 
-    def reset_peak(self) -> None:
-        self.peak = self.current
-
 
 # --------------------------------------------------------------------------------------------
 # The hook table (seed 000)
@@ -831,7 +828,7 @@ def largest_that_fits(fits: Callable[[int], bool], start: int = 1, limit: int = 
     while hi <= limit and fits(hi):
         lo, hi = hi, hi * 2
     if hi > limit:
-        if fits(limit):
+        if lo == limit or fits(limit):  # lo == limit: the doubling already saw it fit
             if at_limit == "raise":
                 raise ValueError(
                     f"everything up to limit={limit} fits: the largest value is not known. "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import re
 import sys
@@ -45,15 +46,25 @@ def _pct(new: float, old: float) -> str:
 # --------------------------------------------------------------------------------------------
 # Each headline: (key, question, the seed's figure, a function returning (figure, method))
 # --------------------------------------------------------------------------------------------
-def _seed000_peaks() -> tuple[str, str]:
-    from . import allocator
+@functools.lru_cache(maxsize=None)
+def _seed000_fp16(variant: str):
+    """The predicted steady-state step of seed 000's net at full size in fp16, batch 2 (shared by
+    the two headlines that read it)."""
     from .config import SEED000_VOLUME
     from .memory import predict_step
     from .unet import seed000_unet
 
+    return predict_step(lambda: seed000_unet(variant), (2, 1, *SEED000_VOLUME), n_classes=5, dtype=torch.float16)
+
+
+def _seed000_peaks() -> tuple[str, str]:
+    from . import allocator
+    from .config import SEED000_VOLUME
+    from .unet import seed000_unet
+
     out = []
     for v in ("large", "small"):
-        p = predict_step(lambda v=v: seed000_unet(v), (2, 1, *SEED000_VOLUME), n_classes=5, dtype=torch.float16)
+        p = _seed000_fp16(v)
         res, ev, _ = allocator.trace_step(lambda v=v: seed000_unet(v), (2, 1, *SEED000_VOLUME), dtype=torch.float16)
         out.append((p.peak, allocator.simulate(ev, resident=res).peak_reserved))
     return (f"allocated {_mib(out[0][0])} / {_mib(out[1][0])} MiB, reserved {_mib(out[0][1])} / "
@@ -62,13 +73,9 @@ def _seed000_peaks() -> tuple[str, str]:
 
 
 def _seed000_param_share() -> tuple[str, str]:
-    from .config import SEED000_VOLUME
-    from .memory import predict_step
-    from .unet import seed000_unet
-
     shares = []
     for v in ("large", "small"):
-        p = predict_step(lambda v=v: seed000_unet(v), (2, 1, *SEED000_VOLUME), n_classes=5, dtype=torch.float16)
+        p = _seed000_fp16(v)
         shares.append(100 * (p.breakdown["Parameter"] + p.breakdown["Optstate"]) / p.peak)
     return (f"{shares[0]:.1f} % / {shares[1]:.1f} %: activations are the rest",
             "predicted (weights + Adam state at the peak)")
