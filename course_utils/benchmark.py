@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from . import explorer as ex
+from . import explorer as ex, recorded
 from .config import SEED000_VOLUME
 from .memory import GiB, MiB, catch_oom, largest_that_fits, measure_step, memory_cap, predict_step
 
@@ -59,14 +59,8 @@ def configs(net: str = "large", batch: int = 2, budget_gib: int = 8) -> dict[str
     return {name: replace(base, **kw) for name, kw in TECHNIQUES.items()}
 
 
-def step_flops(cfg: ex.Config) -> int:
-    """FLOPs of one training step of ``cfg`` (forward + backward + recomputation), counted on
-    fake tensors by FlopCounterMode (convolutions and matrix products): the explorer's count."""
-    return ex.step_cost(replace(cfg, offload=False)).flops
-
-
 def predicted_row(cfg: ex.Config) -> dict[str, Any]:
-    est = ex.estimate(cfg)
+    est, cost = ex.estimate(cfg), ex.step_cost(cfg)  # cost: FLOPs counted (FlopCounterMode), time estimated
     if cfg.batch == ex.PROBE_BATCH:  # the explorer's cached prediction is this very step
         p = ex.probe(cfg)
         peak, kept, (module, phase) = p["peak"], p["kept"], p["location"]
@@ -80,8 +74,8 @@ def predicted_row(cfg: ex.Config) -> dict[str, Any]:
             f"largest batch in {cfg.budget_gib} GiB (predicted)": est.largest_batch,
             "kept after forward MiB": round(kept / MiB),
             "peak in": f"{module} ({phase})",
-            "GFLOP per step": round(step_flops(cfg) / 1e9),
-            "est. step s": round(ex.step_cost(cfg).seconds, 3)}
+            "GFLOP per step": round(cost.flops / 1e9),
+            "est. step s": round(cost.seconds, 3)}
 
 
 def cuda_context_bytes() -> int:
@@ -147,7 +141,7 @@ def run(out: str | Path, nets: tuple[str, ...] = ("large",), budget_gib: int = 8
                      "batch 2, Adam, steady-state step",
             "predicted": "MemTracker under FakeTensorMode, CUDA autocast rules, steady state; card "
                          f"needs = predicted x (1 + slack) + context; overheads {over.source}; "
-                         f"est. step s: {ex.step_cost(replace(configs()['offload to host'])).method}",
+                         f"est. step s: {ex.step_cost(configs()['offload to host']).method}",
             "measured": ("cuda max_memory_allocated / max_memory_reserved of the steady-state step; "
                          f"largest batch under an allocator cap of {budget_gib} GiB - measured "
                          f"context ({context / MiB:.0f} MiB); step time median of 5 after warm-up"
@@ -155,7 +149,7 @@ def run(out: str | Path, nets: tuple[str, ...] = ("large",), budget_gib: int = 8
     results = {"meta": meta, "rows": rows}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = device.replace(" ", "_").replace("/", "_")
+    stem = recorded.file_stem(device)
     (out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / f"{stem}.md").write_text(markdown(results))
     plot(results, out / f"{stem}.png")

@@ -47,7 +47,7 @@ def _log(msg: str) -> None:
     print(f"[gpu_report {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def run_tests(out: Path, dry_run: bool) -> dict[str, Any]:
+def run_tests(out: Path) -> dict[str, Any]:
     """The gpu-marked tests (on a CPU they are all skipped: the dry run only checks they collect)."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
            "-o", "addopts=", str(ROOT / "tests"), f"--junitxml={out / 'gpu-tests.xml'}"]
@@ -121,14 +121,11 @@ def record_overheads(raw: Path) -> dict[str, Any]:
     """The CUDA context and the reserved/allocated ratio, which the explorer's Overheads use."""
     from .benchmark import cuda_context_bytes
 
-    os.environ[recorded.ENV_VAR] = str(raw)
-    try:
-        ctx = cuda_context_bytes()
-        recorded.record("00/cuda_context", {"context_MiB": round(ctx / MiB, 1),
-                                             "method": "mem_get_info used - memory_reserved, after a first conv"})
-        return {"context MiB": round(ctx / MiB, 1)}
-    finally:
-        os.environ.pop(recorded.ENV_VAR, None)
+    ctx = cuda_context_bytes()
+    recorded.record("00/cuda_context", {"context_MiB": round(ctx / MiB, 1),
+                                         "method": "mem_get_info used - memory_reserved, after a first conv"},
+                    folder=raw)
+    return {"context MiB": round(ctx / MiB, 1)}
 
 
 def summarize(report: dict[str, Any]) -> str:
@@ -193,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         report["overheads"] = record_overheads(raw)
     if "tests" in steps:
         _log("gpu-marked tests")
-        report["tests"] = run_tests(out, args.dry_run)
+        report["tests"] = run_tests(out)
     if "notebooks" in steps:
         _log("notebooks")
         report["notebooks"] = run_notebooks(out, args.dry_run, args.cell_timeout, args.notebooks)
@@ -207,16 +204,15 @@ def main(argv: list[str] | None = None) -> int:
         ratios = [r["measured reserved MiB"] / r["measured peak MiB"] for r in bench["rows"]
                   if r.get("measured peak MiB")]
         if ratios:
-            os.environ[recorded.ENV_VAR] = str(raw)
             recorded.record("gpu/reserved_over_allocated", {"max": round(max(ratios), 3),
-                                                           "median": round(sorted(ratios)[len(ratios) // 2], 3)})
-            os.environ.pop(recorded.ENV_VAR, None)
+                                                           "median": round(sorted(ratios)[len(ratios) // 2], 3)},
+                            folder=raw)
     if "limit" in steps:
         _log("seed 003 limit test")
         report["limit"] = run_limit(args.dry_run)
     report["seconds"] = round(time.perf_counter() - t0, 1)
     if raw.exists() and any(raw.glob("*.json")):
-        name = report["machine"]["gpu"].replace(" ", "_").replace("/", "_") + ".json"
+        name = recorded.file_stem(report["machine"]["gpu"]) + ".json"
         report["recorded"] = str(recorded.collect(raw, out / "repo" / "recorded" / name).relative_to(out))
     (out / "summary.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     (out / "summary.md").write_text(summarize(report))

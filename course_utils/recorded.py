@@ -70,10 +70,16 @@ def machine() -> dict[str, str]:
             "date": datetime.date.today().isoformat()}
 
 
-def record(key: str, value: Any) -> Any:
-    """Keep ``value`` (measured on a GPU) under ``key`` if the GPU kit is collecting figures
-    (``$COURSE_RECORD_DIR`` set); otherwise do nothing. Returns ``value``."""
-    out = os.environ.get(ENV_VAR)
+def file_stem(gpu: str) -> str:
+    """A GPU's name as a file name: ``NVIDIA H100 80GB HBM3`` -> ``NVIDIA_H100_80GB_HBM3``."""
+    return gpu.replace(" ", "_").replace("/", "_")
+
+
+def record(key: str, value: Any, folder: str | Path | None = None) -> Any:
+    """Keep ``value`` (measured on a GPU) under ``key`` in ``folder``, or, without one, in
+    ``$COURSE_RECORD_DIR`` if the GPU kit is collecting figures from notebooks; otherwise do
+    nothing. Returns ``value``."""
+    out = folder or os.environ.get(ENV_VAR)
     if not out:
         return value
     if not key or any(c in key for c in "\\:*?\"<>| "):
@@ -93,7 +99,7 @@ def collect(src: str | Path, dest: str | Path | None = None) -> Path:
         raise FileNotFoundError(f"no recorded figures under {src}")
     meta = {k: entries[0][k] for k in ("gpu", "torch", "cuda", "date")}
     figures = {e["key"]: {k: v for k, v in e.items() if k not in meta and k != "key"} for e in entries}
-    dest = Path(dest) if dest else RECORDED / (meta["gpu"].replace(" ", "_").replace("/", "_") + ".json")
+    dest = Path(dest) if dest else RECORDED / (file_stem(meta["gpu"]) + ".json")
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps({"meta": meta, "figures": figures}, indent=1) + "\n")
     return dest

@@ -1,6 +1,7 @@
 """course_utils.recorded: GPU figures recorded by the kit, shown on CPU with their origin."""
 
 import json
+import os
 
 import pandas as pd
 import pytest
@@ -12,6 +13,15 @@ def test_record_does_nothing_without_the_kit(tmp_path, monkeypatch):
     monkeypatch.delenv(recorded.ENV_VAR, raising=False)
     assert recorded.record("00/context", {"MiB": 1}) == {"MiB": 1}
     assert not list(tmp_path.iterdir())
+
+
+def test_record_into_a_folder_leaves_the_environment_alone(tmp_path, monkeypatch):
+    # the GPU kit records its own figures this way, without setting $COURSE_RECORD_DIR
+    monkeypatch.delenv(recorded.ENV_VAR, raising=False)
+    recorded.record("gpu/ratio", {"max": 1.2}, folder=tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["gpu__ratio.json"]
+    assert recorded.ENV_VAR not in os.environ
+    assert recorded.file_stem("NVIDIA H100 80GB/HBM3") == "NVIDIA_H100_80GB_HBM3"
 
 
 def test_round_trip_table_text_and_json(tmp_path, monkeypatch, capsys):
