@@ -381,6 +381,7 @@ def launch(worker: Callable, world_size: int = 2, config: dict | None = None,
             for r in range(world_size)]
         output = _Output(out, world_size)
         ended: dict[int, float] = {}
+        records: dict[int, dict | None] = {}  # a rank's result file is final once it has exited
         stacks: dict[int, list[str]] = {}
         stopped: set[int] = set()
         timed_out = failed = False
@@ -399,14 +400,16 @@ def launch(worker: Callable, world_size: int = 2, config: dict | None = None,
                 for r, p in enumerate(procs):
                     if r not in ended and p.exitcode is not None:
                         ended[r] = time.monotonic()
-                        failed |= p.exitcode != 0 or not _ok(Path(out) / f"rank{r}.pt")
+                        records[r] = rec = _load(Path(out) / f"rank{r}.pt")
+                        failed |= p.exitcode != 0 or rec is None or not rec["ok"]
             if timed_out or failed:
                 stopped = {r for r, p in enumerate(procs) if p.exitcode is None}
                 stacks = _dump_stacks(procs, out)
         finally:
             stopped |= _stop(procs)
             output.pump(final=True)
-        records = {r: _load(Path(out) / f"rank{r}.pt") for r in range(world_size)}
+        records = {r: records[r] if r in records else _load(Path(out) / f"rank{r}.pt")
+                   for r in range(world_size)}
         codes = {r: p.exitcode for r, p in enumerate(procs)}
         if not timed_out and all(rec is not None and rec["ok"] for rec in records.values()):
             for r in range(world_size):  # a worker's warnings: shown, line by line, after the run
@@ -420,11 +423,6 @@ def launch(worker: Callable, world_size: int = 2, config: dict | None = None,
             return [records[r]["result"] for r in range(world_size)]
         raise _diagnose(name, out, records, codes, ended, stopped, stacks, timed_out, timeout_s,
                         collective_timeout_s)
-
-
-def _ok(path: Path) -> bool:
-    rec = _load(path)
-    return rec is not None and rec["ok"]
 
 
 def _load(path: Path) -> dict | None:
@@ -486,7 +484,7 @@ def _diagnose(name, out, records, codes, ended, stopped, stacks, timed_out, time
     def first(ranks):
         return min(ranks, key=lambda r: order.get(r, world + r))
 
-    def others(cause: int) -> str:
+    def others(cause: int | None) -> str:  # every rank's status but the cause's (all of them for None)
         return "; ".join(f"rank {r} {status[r]}" for r in range(world) if r != cause)
 
     if timed_out:
@@ -503,7 +501,7 @@ def _diagnose(name, out, records, codes, ended, stopped, stacks, timed_out, time
         details = "\n".join(f"rank {r} (most recent call first):\n  " + "\n  ".join(stacks[r][:8])
                             for r in sorted(stacks) if stacks[r])
         msg = (f"{name}: workers did not finish within {timeout_s:g} s and were stopped: {cause}. "
-               f"({others(culprit) if culprit is not None else '; '.join(f'rank {r} {s}' for r, s in status.items())})"
+               f"({others(culprit)})"
                + (f"\n{details}" if details else ""))
         return LaunchTimeout(msg, culprit, cause, details, status)
     if real:
@@ -1082,12 +1080,12 @@ def pipeline_worker(rank: int, world: int, device: torch.device, config: dict) -
     params = list(stage.parameters())
     timer = OpTimer(device)
     results = []
+    enc = EncoderStage(build_net(config)).to("meta")  # the boundary's shapes, per micro-batch size
     for run in runs:
         m, kind = run["micro_batches"], run.get("schedule", "gpipe")
         if x.shape[0] % m:
             raise ValueError(f"global batch {x.shape[0]} does not split into {m} equal micro-batches")
         xs, ys = x.chunk(m), y.chunk(m)
-        enc = EncoderStage(build_net(config)).to("meta")
         shapes = [s.shape for s in enc(torch.empty(xs[0].shape, device="meta"))]
         order = schedule_order(kind, rank, 2, m)
         with SavedTensorMeter(params) as meter:  # warm-up step

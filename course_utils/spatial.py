@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .memory import SavedTensorMeter, default_dtype
-from .tiling import (ConvChain, Tile, TilingError, _normalise, _region, _update_running_stats,
+from .tiling import (ConvChain, Tile, TilingError, _normalise, _region, _update_running_stats, _uses_batch_stats,
                      conv_chain, run_chain)
 
 #: bytes sent by this process, per direction of the pass (reset by spatial_worker)
@@ -171,7 +171,7 @@ def forward_per_layer(chain: ConvChain, x: torch.Tensor, dim: int, stats_log: li
                 x = conv_with_halos(conv_fn, m, x, r, dim, tuple(padding))
             else:
                 x = conv_fn(x, m.weight, m.bias, 1, tuple(padding), m.dilation, m.groups)
-        elif layer.kind == "batchnorm" and (m.training or m.running_mean is None):
+        elif layer.kind == "batchnorm" and _uses_batch_stats(m):
             x = norm(i, m, x, whole)
             i += 1
         else:
@@ -267,7 +267,7 @@ def spatial_worker(rank: int, world: int, device: torch.device, config: dict) ->
     x, target = spatial_volume(config)
     # checked on every rank before any message, so that all ranks refuse together
     n = x.shape[dim]
-    thinnest = min(_split_bounds(n, world, r)[1] - _split_bounds(n, world, r)[0] for r in range(world))
+    thinnest = n // world  # _split_bounds' slabs are n // world or one more thick
     radii = [l.radius[dim - 2] for l in chain.layers if l.kind == "conv"]
     need = max(radii) if exchange == "per_layer" else chain.halo[dim - 2]
     if thinnest < max(1, need):

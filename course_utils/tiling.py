@@ -249,11 +249,6 @@ def conv_chain(model: nn.Module) -> ConvChain:
     return ConvChain(tuple(layers), nd, halo)
 
 
-def receptive_halo(model: nn.Module) -> tuple[int, ...]:
-    """The halo per spatial axis, derived from the modules (see ``conv_chain``)."""
-    return conv_chain(model).halo
-
-
 def probe_halo(model: nn.Module, size: int = 15, trials: int = 3, seed: int = 0) -> tuple[int, ...]:
     """The halo measured instead of derived: the gradient of the centre output voxel with
     respect to the input is non-zero exactly on its receptive field. Runs a float64 copy of
@@ -305,17 +300,12 @@ def probe_halo(model: nn.Module, size: int = 15, trials: int = 3, seed: int = 0)
 @dataclass(frozen=True)
 class Tile:
     """One slab: ``own`` = the voxels whose loss it computes (global coordinates, one slice per
-    spatial axis); ``read`` = the input it needs, owned +- halo, clipped at the volume's border;
-    ``local`` = ``own`` in the coordinates of the read region (where to cut the output)."""
+    spatial axis); ``read`` = the input it needs, owned +- halo, clipped at the volume's border."""
 
     index: tuple[int, ...]
     own: tuple[slice, ...]
     read: tuple[slice, ...]
     volume: tuple[int, ...]  # the whole volume's spatial shape (where the true border is)
-
-    @property
-    def local(self) -> tuple[slice, ...]:
-        return tuple(slice(o.start - r.start, o.stop - r.start) for o, r in zip(self.own, self.read))
 
     @property
     def own_voxels(self) -> int:
@@ -324,10 +314,6 @@ class Tile:
     @property
     def read_voxels(self) -> int:
         return math.prod(s.stop - s.start for s in self.read)
-
-    @property
-    def read_shape(self) -> tuple[int, ...]:
-        return tuple(s.stop - s.start for s in self.read)
 
 
 def _as_counts(tiles: int | Sequence[int], nd: int, axis: int) -> tuple[int, ...]:
@@ -380,11 +366,6 @@ def plan_tiles(shape: Sequence[int], tiles: int | Sequence[int], halo: int | Seq
                      for a, o in enumerate(own))
         plan.append(Tile(tuple(index), own, read, shape))
     return plan
-
-
-def read_factor(plan: Sequence[Tile]) -> float:
-    """Input voxels the slabs read / voxels in the volume (halos read twice or more)."""
-    return sum(t.read_voxels for t in plan) / sum(t.own_voxels for t in plan)
 
 
 # --------------------------------------------------------------------------------------------
@@ -815,26 +796,6 @@ def largest_tiled_n(budget_bytes: int, build_model: Callable[[], nn.Module] | No
                                   dtype=dtype).peak <= budget_bytes
 
     return largest_that_fits(fits, start=start, limit=limit)
-
-
-def fewest_tiles(n: int, budget_bytes: int, build_model: Callable[[], nn.Module] | None = None,
-                 **kwargs: Any) -> int | None:
-    """The fewest slabs along depth with which the tiled step on an N^3 volume is predicted to
-    fit (fewer slabs = less recomputation); None if not even N slabs fit."""
-    build = build_model or _limit_net
-
-    def peak(tiles: int) -> int:
-        return predict_tiled_step(build, n, tiles, **kwargs).peak
-
-    if peak(n) > budget_bytes:
-        return None
-    lo, hi = 1, n  # peak(hi) fits; find the smallest that fits (peak falls with more slabs)
-    if peak(lo) <= budget_bytes:
-        return lo
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if peak(mid) <= budget_bytes else (mid, hi)
-    return hi
 
 
 # --------------------------------------------------------------------------------------------
