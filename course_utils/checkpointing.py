@@ -19,8 +19,6 @@ PyTorch's ``torch.utils.checkpoint`` does the work; this module adds what a cour
   bytes offload moves, converted to seconds at stated, assumed throughputs (an *estimate*).
 * ``time_steps`` -- step times measured properly: warm-up, repetitions, variants interleaved,
   medians and the spread between repetitions (the noise) reported with them.
-* ``DenseBlock`` -- the single-block stand-in earlier versions used for seed 004; seed 004's
-  whole network is ``course_utils.densenet``.
 """
 
 from __future__ import annotations
@@ -179,22 +177,6 @@ def sqrt_fit(ns: Sequence[float], values: Sequence[float]) -> tuple[float, float
     return float(k), float(c)
 
 
-def best_segments(build: Callable[[int], nn.Module], n_layers: int, input_shape: Sequence[int],
-                  **predict_kw) -> tuple[int, int]:
-    """The segment count s (1..n_layers) with the lowest predicted peak of ``build(s)``, and that
-    peak in bytes (``predict_step`` under FakeTensorMode; ties go to the smaller s)."""
-    from .memory import predict_step
-
-    predict_kw.setdefault("optimizer", None)
-    predict_kw.setdefault("module_peaks", False)
-    best = None
-    for s in range(1, n_layers + 1):
-        peak = predict_step(lambda s=s: build(s), input_shape, **predict_kw).peak
-        if best is None or peak < best[1]:
-            best = (s, peak)
-    return best
-
-
 # --------------------------------------------------------------------------------------------
 # Activation offload
 # --------------------------------------------------------------------------------------------
@@ -278,17 +260,14 @@ def step_flops(build: Callable[[], nn.Module], input_shape: Sequence[int], *, n_
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
-    from .memory import default_dtype
+    from .memory import _target_spec, default_dtype
 
+    # class indices and cross-entropy, or with target_shape floats and MSE (as predict_step)
+    classify, target_shape, loss_fn = _target_spec(tuple(input_shape), target_shape, None, loss_fn)
     with default_dtype(dtype), FakeTensorMode():
         model = build()
         x = torch.randn(tuple(input_shape))
-        if target_shape is None:
-            target = torch.randint(0, n_classes, (input_shape[0], *input_shape[2:]))
-            loss_fn = loss_fn or nn.functional.cross_entropy
-        else:
-            target = torch.randn(tuple(target_shape))
-            loss_fn = loss_fn or nn.functional.mse_loss
+        target = torch.randint(0, n_classes, target_shape) if classify else torch.randn(target_shape)
         with FlopCounterMode(display=False) as counter:
             if backward:
                 loss_fn(model(x), target).backward()
@@ -453,53 +432,6 @@ def report_times(df, digits: int = 4):
         out[c] = out[c].round(digits)
     out["spread %"] = out["spread %"].round(0)
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# The single-block stand-in of earlier versions (kept importable; seed 004 is course_utils.densenet)
-# --------------------------------------------------------------------------------------------
-class DenseLayer(nn.Module):
-    """BN -> ReLU -> Conv1x1 (bottleneck, 4 x growth) -> BN -> ReLU -> Conv3x3 (growth),
-    on the concatenation of all earlier feature maps (2D, as for X-rays)."""
-
-    def __init__(self, in_channels: int, growth: int, efficient: bool):
-        super().__init__()
-        self.bottleneck = nn.Sequential(
-            nn.BatchNorm2d(in_channels), nn.ReLU(inplace=False),
-            nn.Conv2d(in_channels, 4 * growth, 1, bias=False))
-        self.conv = nn.Sequential(
-            nn.BatchNorm2d(4 * growth), nn.ReLU(inplace=True),
-            nn.Conv2d(4 * growth, growth, 3, padding=1, bias=False))
-        self.efficient = efficient
-
-    def _concat_bottleneck(self, *features: torch.Tensor) -> torch.Tensor:
-        return self.bottleneck(torch.cat(features, 1))
-
-    def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
-        if self.efficient and torch.is_grad_enabled():
-            out = checkpointed(self._concat_bottleneck, *features, bn_scope=self.bottleneck)
-        else:
-            out = self._concat_bottleneck(*features)
-        return self.conv(out)
-
-
-class DenseBlock(nn.Module):
-    """One dense block with a stem and a head, at the input's resolution. Not seed 004's
-    network (that is ``course_utils.densenet.densenet169``): kept for code that still uses it."""
-
-    def __init__(self, n_layers: int = 6, in_channels: int = 64, growth: int = 32,
-                 efficient: bool = False, n_classes: int = 5):
-        super().__init__()
-        self.layers = nn.ModuleList(
-            DenseLayer(in_channels + i * growth, growth, efficient) for i in range(n_layers))
-        self.stem = nn.Conv2d(1, in_channels, 3, padding=1, bias=False)
-        self.head = nn.Conv2d(in_channels + n_layers * growth, n_classes, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        features = [self.stem(x)]
-        for layer in self.layers:
-            features.append(layer(features))
-        return self.head(torch.cat(features, 1))
 
 
 # --------------------------------------------------------------------------------------------

@@ -221,8 +221,7 @@ def usable_bytes(card_gib: float) -> int:
     the allocator -- the same ``explorer.Overheads`` the U-Net's budget uses (stated there)."""
     from .explorer import overheads
 
-    over = overheads()
-    return int((card_gib * 2**30 - over.context_mib * 2**20) / (1 + over.slack))
+    return int(overheads().usable(card_gib * 2**30))
 
 
 def steady_state(breakdown: dict[str, int]) -> dict[str, int]:

@@ -60,6 +60,10 @@ class Overheads:
         """Bytes of the card a step with this predicted allocated peak needs."""
         return predicted_peak * (1 + self.slack) + self.context_mib * MiB
 
+    def usable(self, card_bytes: float) -> float:
+        """The largest predicted allocated peak a card of ``card_bytes`` holds (``needed``'s inverse)."""
+        return (card_bytes - self.context_mib * MiB) / (1 + self.slack)
+
 
 def overheads() -> Overheads:
     """Measured on a GPU when a run was recorded, else the stated assumptions."""
@@ -233,7 +237,7 @@ def estimate(cfg: Config, over: Overheads | None = None) -> Estimate:
         raise ValueError("the prediction does not grow with the batch: cannot size a batch")
     fixed = sum(a for a, _ in lines.values())
     # needed(b) = (fixed + b per_sample)(1 + slack) + context <= budget, solved for b
-    room = (budget - over.context_mib * MiB) / (1 + over.slack) - fixed
+    room = over.usable(budget) - fixed
     largest = max(0, int(room // per_sample))
     while largest and over.needed(sum(_parts(lines, largest).values())) > budget:
         largest -= 1  # the rounding of each part
@@ -243,7 +247,8 @@ def estimate(cfg: Config, over: Overheads | None = None) -> Estimate:
 def table(configs: list[Config]):
     import pandas as pd
 
-    return pd.DataFrame([estimate(c).row() for c in configs])
+    over = overheads()  # read the recorded figures once for the whole table
+    return pd.DataFrame([estimate(c, over).row() for c in configs])
 
 
 #: the checkpointing choices of notebooks 07 and 10's first table (finer ones: ``CHECKPOINTING``)

@@ -184,16 +184,6 @@ class InPlaceABN(nn.BatchNorm3d):
         return super().extra_repr() + f", slope={self.slope}"
 
 
-def reference_bn_leaky_relu(x: torch.Tensor, abn: InPlaceABN) -> torch.Tensor:
-    """What ``abn(x)`` computes, written with PyTorch's own ops (``F.batch_norm`` with the
-    scale ``|weight| + eps``, then ``F.leaky_relu``): the reference the tests compare with.
-    Updates ``abn``'s running statistics as ``abn(x)`` would."""
-    f = nn.functional
-    y = f.batch_norm(x, abn.running_mean, abn.running_var, abn.weight.abs() + abn.eps, abn.bias,
-                     abn.training, abn.momentum, abn.eps)
-    return f.leaky_relu(y, abn.slope)
-
-
 def inplace_abn(channels: int, slope: float = 0.01) -> list[nn.Module]:
     """``norm_act`` factory for ``UNet3D``/``DoubleConv``: one In-Place ABN per conv."""
     return [InPlaceABN(channels, slope=slope)]
@@ -319,7 +309,7 @@ def plot_stored_per_unit(variants: dict[str, object], ax=None):
             v = data[name].get(k, 0.0)
             if v:
                 ax.barh(i, v, left=left, color=colours[k], edgecolor="white",
-                        label=k if i == names.index(name) else None)
+                        label=k)  # the legend below keeps one entry per kind
                 ax.text(left + v / 2, i, f"{v:.2g}", ha="center", va="center", fontsize=8)
                 left += v
     ax.set_yticks(range(len(names)), names)

@@ -284,8 +284,8 @@ class UNet3D(nn.Module):
                 f"fewer levels."
             )
         deepest = x.shape[0] * math.prod(s // self.min_size for s in x.shape[2:])
-        norms = any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in self.modules())
-        if norms and deepest < 2 and torch.is_grad_enabled():
+        if deepest < 2 and torch.is_grad_enabled() and any(  # the module walk only when it matters
+                isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in self.modules()):
             raise ValueError(
                 f"input {tuple(x.shape)}: at the deepest level each channel has a single value "
                 f"(batch {x.shape[0]} x {tuple(s // self.min_size for s in x.shape[2:])} voxels), and "

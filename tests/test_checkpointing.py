@@ -11,10 +11,11 @@ from torch.utils.checkpoint import checkpoint
 
 from course_utils import UNet3D, predict_step, seed000_unet
 from course_utils.checkpointing import (
-    ASSUMED_GPU_FLOPS, ASSUMED_PCIE_BYTES_PER_S, DenseBlock, SegmentedStack, checkpoint_segments,
+    ASSUMED_GPU_FLOPS, ASSUMED_PCIE_BYTES_PER_S, SegmentedStack, checkpoint_segments,
     cost_estimate, deep_stack, frozen_bn_stats, offload_saved, recompute_fraction, report_times,
     save_convolutions, sqrt_fit, step_flops, time_steps,
 )
+from course_utils.densenet import DenseBlock
 from course_utils.inplace_abn import inplace_abn
 from course_utils.config import SEED000_VOLUME
 
@@ -239,10 +240,11 @@ def test_time_steps_reports_medians_and_noise():
 
 
 def test_efficient_dense_block_same_gradients_less_memory():
+    # seed 004's dense block (course_utils.densenet), its bottlenecks recomputed or not
     torch.manual_seed(0)
-    naive, eff = DenseBlock(3, 8, 4), DenseBlock(3, 8, 4, efficient=True)
+    naive, eff = DenseBlock(3, 8, 4), DenseBlock(3, 8, 4, memory_efficient=True)
     eff.load_state_dict(naive.state_dict())
-    x = torch.randn(2, 1, 16, 16)
+    x = torch.randn(2, 8, 16, 16, requires_grad=True)
     for net in (naive, eff):
         net(x).sum().backward()
     for a, b in zip(naive.parameters(), eff.parameters()):

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import limits
-from .core import Raised
+from .core import PartResult, Raised
 from .registry import MODULES, exercise, load_all
 from .strip import strip_source
 
@@ -143,7 +143,6 @@ class Grader:
         _import_everything()
         self.package = _snapshot(PACKAGE_DIR)
         self._libs: dict[str, dict[str, bytes]] = {}
-        self.abi = limits.landlock_abi()
         self.workdir = Path(tempfile.mkdtemp(prefix="course-grader-"))
         os.chmod(self.workdir, 0o700)
         self.count = 0
@@ -198,8 +197,7 @@ class Grader:
         ex = self.exercises[nn_id]
         seed = self.opts.seed if self.opts.seed is not None else secrets.randbelow(2**31)
         result = Result(path.name, nn_id, ex.title, max_score=ex.max_score, seed=seed,
-                        parts=[dict(key=p.key, name=p.name, points=p.points, score=0, passed=False,
-                                    message="not checked") for p in ex.parts])
+                        parts=[_unchecked(p) for p in ex.parts])
         try:
             data = path.read_bytes()
             import nbformat
@@ -305,7 +303,8 @@ class Grader:
 
         from .notebook_code import code_cells
 
-        for cell in code_cells(nbformat.reads(data.decode(), as_version=4)):
+        cells = code_cells(nbformat.reads(data.decode(), as_version=4))
+        for cell in cells:
             try:
                 tree = ast.parse(cell.python)
             except SyntaxError:
@@ -352,12 +351,13 @@ class Grader:
                 started = msg["start"]
             elif "cells" in msg:
                 report = msg
+        at = next((f" in code cell {c.number}" for c in cells if c.index == started), "") if started is not None else ""
         if why == "timeout":
             result.notes.append(f"the notebook run passed the total time limit ({self.opts.total_timeout:.0f} s) "
-                                f"and was stopped{self._at(started, data)}")
+                                f"and was stopped{at}")
         elif why == "memory":
             result.notes.append(f"the notebook run used more than {self.opts.memory_gib:g} GiB (all its "
-                                f"processes together) and was stopped{self._at(started, data)}")
+                                f"processes together) and was stopped{at}")
         if report is None:
             if why is None:
                 result.notes.append("the notebook run ended without a report (see runner.log with --keep)")
@@ -385,19 +385,6 @@ class Grader:
                 how = f" (exit code {code})" if isinstance(code, int) and code >= 0 else \
                     f" (signal {-code})" if isinstance(code, int) else ""
                 result.notes.append(f"the kernel died in {where}{how}; later cells did not run")
-
-    @staticmethod
-    def _at(index, data: bytes) -> str:
-        if index is None:
-            return ""
-        import nbformat
-
-        from .notebook_code import code_cells
-
-        for c in code_cells(nbformat.reads(data.decode(), as_version=4)):
-            if c.index == index:
-                return f" in code cell {c.number}"
-        return ""
 
     def _observe(self, nn_id: str, data: bytes, scratch: Path, seed: int, before: set[int],
                  result: Result) -> dict:
@@ -464,12 +451,16 @@ class Grader:
         parts = []
         for p in ex.parts:
             if p.key not in observations:
-                parts.append(dict(key=p.key, name=p.name, points=p.points, score=0, passed=False,
-                                  message="not checked"))
+                parts.append(_unchecked(p))
                 continue
             parts.append(ex.judge(p.key, observations[p.key], seed).as_dict())
         result.parts = parts
         result.score = sum(p["score"] for p in parts)
+
+
+def _unchecked(part) -> dict:
+    """A part's entry before (or without) its judgement."""
+    return PartResult(part.key, part.name, part.points, message="not checked").as_dict()
 
 
 def _exit(code) -> str:
