@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import datetime
 import faulthandler
+import functools
 import importlib
 import math
 import numbers
@@ -55,6 +56,7 @@ import torch.multiprocessing
 from torch import nn
 
 from .memory import SavedTensorMeter
+from .tf32 import emulated_if_asked, exact_fp32
 from .unet import UNet3D
 
 COLLECTIVE_TIMEOUT_S = 60
@@ -214,7 +216,8 @@ def _entry(rank: int, world_size: int, port: int, worker_ref: tuple[str, str], c
         config = pickle.loads(config_blob)
         worker = _resolve(*worker_ref)
         device = _init(rank, world_size, port, collective_timeout_s)
-        result = worker(rank, world_size, device, config)
+        with emulated_if_asked():  # COURSE_EMULATE_TF32=1: compute as a TF32 GPU would (CI)
+            result = worker(rank, world_size, device, config)
         _save(result_path, {"ok": True, "result": result})
         dist.barrier()  # no collective may still be in flight when the process group goes
         # config["exit_code_after_result"] lets the tests play a crash at exit (see launch)
@@ -562,6 +565,21 @@ def launch_many(jobs: Sequence[tuple[Callable, dict | None]], world_size: int = 
     per_rank = launch(_job_worker, world_size, {"jobs": refs}, timeout_s, collective_timeout_s)
     return [[per_rank[r][j] for r in range(world_size)] for j in range(len(refs))]
 
+def compared(worker: Callable) -> Callable:
+    """For a worker whose numbers are compared with an fp32 reference (a single process on the
+    CPU, a float64 computation): it runs under ``exact_fp32()``. On an Ampere-or-newer GPU
+    convolutions otherwise run in TF32 (10 mantissa bits), and a gradient through BatchNorm moves
+    by about 1e-2 relative: the comparison would measure TF32, not the parallel scheme. Training
+    (``train_worker``) keeps TF32 on."""
+
+    @functools.wraps(worker)
+    def run(rank: int, world: int, device: torch.device, config: dict) -> Any:
+        with exact_fp32():
+            return worker(rank, world, device, config)
+
+    return run
+
+
 # --------------------------------------------------------------------------------------------
 # BatchNorm across replicas
 # --------------------------------------------------------------------------------------------
@@ -618,6 +636,7 @@ class CrossReplicaBatchNorm3d(nn.BatchNorm3d):
         return y.to(x.dtype)
 
 
+@compared
 def norm_worker(rank: int, world: int, device: torch.device, config: dict) -> dict:
     """``CrossReplicaBatchNorm3d`` on this rank's shard of ``config["x"]`` (the global batch):
     its output, the gradients of ``(y * config["w"]).sum()`` and the running statistics, to
@@ -656,10 +675,15 @@ def gn_relu(channels: int) -> list[nn.Module]:
     return [nn.GroupNorm(min(4, channels), channels), nn.ReLU(inplace=True)]
 
 
+def relu_only(channels: int) -> list[nn.Module]:
+    """``norm_act`` without normalisation (notebook 08 compares TF32's error with and without)."""
+    return [nn.ReLU(inplace=True)]
+
+
 #: ``config["norm"]`` -> the U-Net's ``norm_act`` (None: BatchNorm3d + ReLU). ``"sync_bn"`` is
 #: BatchNorm3d converted to ``nn.SyncBatchNorm`` (GPUs; plain BatchNorm outside a process group).
 NORMS: dict[str, Callable | None] = {"bn": None, "cross_replica_bn": cross_replica_bn_relu,
-                                     "gn": gn_relu, "sync_bn": None}
+                                     "gn": gn_relu, "sync_bn": None, "none": relu_only}
 
 
 def build_net(config: dict) -> UNet3D:
@@ -677,8 +701,8 @@ def build_net(config: dict) -> UNet3D:
 
 def global_batch(config: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """The same global batch on every rank (each then takes its shard); ``config["seed"]``
-    changes it together with the net's initialisation."""
-    g = torch.Generator().manual_seed(1234 + config.get("seed", 0))
+    changes it together with the net's initialisation, ``config["data_seed"]`` the batch alone."""
+    g = torch.Generator().manual_seed(1234 + config.get("data_seed", config.get("seed", 0)))
     b, vol = config.get("global_batch", 4), tuple(config.get("volume", (8, 16, 16)))
     return torch.randn(b, 1, *vol, generator=g), torch.randint(0, 5, (b, *vol), generator=g)
 
@@ -695,12 +719,55 @@ def relative_error(got: Sequence[torch.Tensor], ref: Sequence[torch.Tensor]) -> 
     return diff / max(b.detach().abs().max().item() for b in ref)
 
 
-def single_process_grads(config: dict) -> list[torch.Tensor]:
-    """The reference: one process, the whole global batch, one backward."""
-    net = build_net(config)
+def single_process_grads(config: dict, device: torch.device | str = "cpu") -> list[torch.Tensor]:
+    """The reference: one process, the whole global batch, one backward, on ``device`` (the
+    gradients come back on the CPU)."""
+    net = build_net(config).to(device)
     x, y = global_batch(config)
-    nn.functional.cross_entropy(net(x), y).backward()
-    return [p.grad.clone() for p in net.parameters()]
+    nn.functional.cross_entropy(net(x.to(device)), y.to(device)).backward()
+    return [p.grad.detach().cpu().clone() for p in net.parameters()]
+
+
+def tf32_errors(config: dict, device: torch.device | str = "cpu") -> list[dict]:
+    """How far TF32 convolutions move the gradient of ``build_net(config)`` on its global batch,
+    against the fp32 reference (``single_process_grads`` on the CPU), beside the difference a
+    comparison should see (``exact_fp32``) and the one SGD lives with (another batch).
+
+    On any machine: TF32 emulated on this CPU (``tf32.emulate_tf32``; operands rounded to
+    nearest, and truncated), and the same under ``exact_fp32()``. On a CUDA ``device``, also
+    measured there: PyTorch's default (TF32 convolutions on Ampere and newer GPUs) and under
+    ``exact_fp32()``. Each row: ``key`` (tf32, tf32 truncated, exact, gpu default, gpu exact,
+    another batch), ``computation``, ``error`` (``relative_error`` vs the reference), ``method``."""
+    from .tf32 import emulate_tf32
+
+    device = torch.device(device)
+    ref = single_process_grads(config)
+    rows = []
+
+    def row(key: str, computation: str, grads: list[torch.Tensor], method: str) -> None:
+        rows.append({"key": key, "computation": computation, "error": relative_error(grads, ref),
+                     "method": method})
+
+    for rounding in ("nearest", "truncate"):
+        with emulate_tf32(rounding):
+            grads = single_process_grads(config)
+        row("tf32" if rounding == "nearest" else "tf32 truncated",
+            f"TF32 convolutions, operands rounded ({rounding})", grads, "emulated on this CPU")
+    with emulate_tf32(), exact_fp32():
+        grads = single_process_grads(config)
+    row("exact", "the same under exact_fp32()", grads, "emulated on this CPU")
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        tf32_hw = torch.cuda.get_device_capability(device) >= (8, 0)
+        row("gpu default", f"PyTorch's default on {name}" + ("" if tf32_hw else " (no TF32 before compute capability 8.0)"),
+            single_process_grads(config, device), f"measured on {device}")
+        with exact_fp32():
+            grads = single_process_grads(config, device)
+        row("gpu exact", f"exact_fp32() on {name}", grads, f"measured on {device}")
+    seed = config.get("data_seed", config.get("seed", 0))
+    row("another batch", "fp32, another batch of the same size (SGD's noise)",
+        single_process_grads(dict(config, data_seed=seed + 1)), "computed on this CPU")
+    return rows
 
 
 def accumulated_grads(config: dict, micro_batches: int) -> list[torch.Tensor]:
@@ -741,6 +808,7 @@ def _state_bytes(params, optimizer) -> dict[str, int]:
 # --------------------------------------------------------------------------------------------
 # Data parallel
 # --------------------------------------------------------------------------------------------
+@compared
 def ddp_worker(rank: int, world: int, device: torch.device, config: dict) -> dict:
     """One DDP step on this rank's shard of the global batch."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -805,6 +873,7 @@ def _fsdp_peaks(tracker) -> dict[str, int]:
     return peaks
 
 
+@compared
 def fsdp_worker(rank: int, world: int, device: torch.device, config: dict) -> dict:
     """One step with FSDP2: every parameter, its gradient and Adam's state sharded over ranks.
     ``FSDPMemTracker`` (torch's FSDP-aware MemTracker) records, unit by unit, what the rank
@@ -881,19 +950,6 @@ class TwoStageUNet(nn.Module):
 def stage_of(name: str) -> int:
     """0 for the encoder's modules (``inc``, ``downs``), 1 for the decoder's (``ups``, ``outc``)."""
     return 0 if name.split(".")[0] in ("inc", "downs") else 1
-
-
-@contextlib.contextmanager
-def exact_fp32():
-    """fp32 convolutions and matmuls on CUDA (TF32 off) for a comparison, restored afterwards.
-    TF32 keeps 10 mantissa bits (relative rounding ~5e-4 per product), so two TF32 runs that use
-    different kernels differ by ~1e-3: that would hide, not test, what is compared."""
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def split_and_reference(net: UNet3D, x: torch.Tensor, devices=("cpu", "cpu")) -> dict:
@@ -1064,6 +1120,7 @@ def _pipeline_step(rank: int, stage: nn.Module, order, xs, ys, shapes, device, t
         work.wait()
 
 
+@compared
 def pipeline_worker(rank: int, world: int, device: torch.device, config: dict) -> dict:
     """The U-Net in 2 stages, one per rank: rank 0 the encoder, rank 1 the decoder and the loss.
     ``config["runs"]``: a list of ``{"micro_batches": M, "schedule": "gpipe" | "1f1b"}`` (default:
@@ -1139,6 +1196,7 @@ class _ArgsDecoder(nn.Module):
         return self.stage([_ContiguousGrad.apply(s) for s in skips])
 
 
+@compared
 def pipelining_worker(rank: int, world: int, device: torch.device, config: dict) -> dict:
     """The 2-stage U-Net run by ``torch.distributed.pipelining`` itself: a ``PipelineStage`` per
     rank and ``ScheduleGPipe`` or ``Schedule1F1B`` (``config["schedules"]``) over
@@ -1270,6 +1328,7 @@ def stuck_worker(rank: int, world: int, device: torch.device, config: dict) -> N
     dist.barrier()
 
 
+@compared
 def source_worker(rank: int, world: int, device: torch.device, config: dict) -> dict:
     """Runs a learner's ``ddp_step(model, x, y, rank, world) -> grads`` given as source code
     (a notebook's functions cannot be imported by spawned processes). The namespace has
@@ -1315,6 +1374,21 @@ def torchrun_backend(env: dict | None = None, backend: str = "auto") -> tuple[st
             f"--nproc-per-node={max(gpus, 1)} (one process per GPU), or pass --backend gloo to "
             "train on the CPU")
     return "nccl", torch.device("cuda", local_rank)
+
+
+def torchrun_command(nproc: int = 2, module: str = "course_utils.parallel") -> tuple[list[str], str]:
+    """The command that starts ``nproc`` ranks of ``module`` with torchrun on this machine, and
+    one line saying where they run. NCCL needs a GPU per rank: with fewer GPUs than ranks (one
+    GPU, say) the ranks are told to use gloo on the CPU, instead of stopping at the error
+    ``torchrun_backend`` raises for that case."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "-m", module]
+    if gpus >= nproc:
+        return cmd, f"{nproc} processes, NCCL, one GPU each"
+    if gpus:
+        return cmd + ["--backend", "gloo"], (f"{nproc} processes, gloo on the CPU: this machine has {gpus} "
+                                             f"GPU(s), NCCL needs one per process")
+    return cmd, f"{nproc} processes, gloo on the CPU (no GPU)"
 
 
 def main(argv: list[str] | None = None) -> int:

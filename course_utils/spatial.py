@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .memory import SavedTensorMeter, default_dtype
+from .parallel import compared
 from .tiling import (ConvChain, Tile, TilingError, _normalise, _region, _update_running_stats, _uses_batch_stats,
                      conv_chain, run_chain)
 
@@ -244,6 +245,7 @@ def _split_bounds(n: int, world: int, rank: int) -> tuple[int, int]:
     return rank * n // world, (rank + 1) * n // world
 
 
+@compared
 def spatial_worker(rank: int, world: int, device: torch.device, config: dict) -> dict:
     """One training step of ``build_spatial_net(config)`` on this rank's slab of the volume
     (split along depth, ``config["dim"]`` = 2), halos exchanged ``config["exchange"]``

@@ -46,3 +46,18 @@ def grandchild_worker(rank, world, device, config):
     if rank == 1:
         time.sleep(300)
     dist.barrier()
+
+
+def uncompared_ddp_worker(rank, world, device, config):
+    """``parallel.ddp_worker`` without its ``exact_fp32()`` (what it was before TF32 was handled):
+    under ``COURSE_EMULATE_TF32=1`` its gradients carry TF32's rounding. Also reports how many
+    convolutions the emulation rounded on this rank."""
+    import torch.utils._python_dispatch as pd
+
+    from course_utils import parallel
+
+    worker = getattr(parallel.ddp_worker, "__wrapped__", parallel.ddp_worker)
+    out = worker(rank, world, device, config)
+    modes = [m for m in pd._get_current_dispatch_mode_stack() if hasattr(m, "counts")]
+    out["tf32_counts"] = dict(modes[0].counts) if modes else {}
+    return out

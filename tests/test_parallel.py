@@ -3,10 +3,13 @@ FSDP2 at rest and at work, the split U-Net, pipelines (GPipe and 1F1B, hand-writ
 torch.distributed.pipelining). Launch failures: tests/test_parallel_launch.py; the GPU-only
 branches: tests/test_parallel_gpu_paths.py."""
 
+import os
+
+import launch_workers
 import pytest
 import torch
 
-from course_utils import UNet3D
+from course_utils import UNet3D, tf32
 from course_utils.parallel import (
     TwoStageUNet, accumulated_grads, build_net, bubble_fraction, ddp_worker,
     fsdp_rank_memory, fsdp_units, fsdp_worker, in_flight, launch, launch_many, per_replica_bn_errors,
@@ -17,13 +20,33 @@ from course_utils.parallel import (
 
 @pytest.fixture(scope="module")
 def runs():
-    """Every 2-rank job of this file in one start of the processes."""
+    """Every 2-rank job of this file in one start of the processes, the ranks computing as TF32
+    GPUs would (``COURSE_EMULATE_TF32=1``: convolution operands rounded to TF32 whenever the
+    flags say a GPU would round them). The comparisons below therefore hold on a recent GPU, not
+    only on a CPU: without ``exact_fp32()`` in the workers they fail here, as ``tf32_raw`` shows."""
     jobs = {"bn": (ddp_worker, {"norm": "bn"}), "xbn": (ddp_worker, {"norm": "cross_replica_bn"}),
             "gn": (ddp_worker, {"norm": "gn"}), "fsdp": (fsdp_worker, {"norm": "gn"}),
             "pipe": (pipeline_worker, {"norm": "gn", "runs": [{"micro_batches": 4, "schedule": "gpipe"},
                                                               {"micro_batches": 4, "schedule": "1f1b"}]}),
-            "pipelining": (pipelining_worker, {"norm": "gn", "micro_batches": 4})}
-    return dict(zip(jobs, launch_many(list(jobs.values()), 2)))
+            "pipelining": (pipelining_worker, {"norm": "gn", "micro_batches": 4}),
+            "tf32_raw": (launch_workers.uncompared_ddp_worker, {"norm": "bn"})}
+    saved = os.environ.get(tf32.ENV_VAR)
+    os.environ[tf32.ENV_VAR] = "1"
+    try:
+        return dict(zip(jobs, launch_many(list(jobs.values()), 2)))
+    finally:
+        if saved is None:
+            del os.environ[tf32.ENV_VAR]
+        else:
+            os.environ[tf32.ENV_VAR] = saved
+
+
+def test_the_ranks_computed_as_tf32_gpus(runs):
+    # the same DDP step without exact_fp32(): TF32's rounding, 1e-2 of the gradient, not 1e-7
+    raw = runs["tf32_raw"][0]
+    assert rel_error(raw["grads"], accumulated_grads({"norm": "bn"}, 2)) > 1e-3
+    assert raw["tf32_counts"]["conv"] > 0
+    assert rel_error(runs["bn"][0]["grads"], accumulated_grads({"norm": "bn"}, 2)) < 1e-5
 
 
 def test_ddp_with_cross_replica_bn_equals_single_process(runs):

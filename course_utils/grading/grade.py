@@ -174,7 +174,7 @@ class Grader:
 
     def _env(self, scratch: Path, lib: Path, extra: dict | None = None) -> dict:
         env = {k: v for k, v in os.environ.items()
-               if k in ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "COURSE_SIZE", "OMP_NUM_THREADS",
+               if k in ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "COURSE_SIZE", "COURSE_EMULATE_TF32", "OMP_NUM_THREADS",
                         "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "SYSTEMROOT")}
         for d in ("home", "tmp", "runtime", "mpl", "ipython", "jupyter-config"):
             (scratch / d).mkdir(exist_ok=True)
