@@ -269,3 +269,132 @@ def autocast_rules(device: str | None) -> contextlib.AbstractContextManager:
     if device == "cuda":
         return cuda_autocast_rules()
     raise ValueError(f"autocast rules for {device!r}: use 'cuda' or 'cpu'")
+
+
+# --------------------------------------------------------------------------------------------
+# Checking the emulation against the real AutocastCUDA kernels, without a GPU
+# --------------------------------------------------------------------------------------------
+def _fake_cuda_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """Replace every parameter and buffer of ``module`` by a fake CUDA tensor of the same shape
+    and dtype (inside a ``FakeTensorMode``; ``module.to("cuda")`` needs a CUDA build). The
+    parameters do not require grad: autograd on fake CUDA tensors needs a CUDA device guard."""
+    for mod in module.modules():
+        for name, p in list(mod.named_parameters(recurse=False)):
+            setattr(mod, name, torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="cuda"), False))
+        for name, b in list(mod.named_buffers(recurse=False)):
+            if b is not None:
+                mod.register_buffer(name, torch.empty(b.shape, dtype=b.dtype, device="cuda"))
+    return module
+
+
+def trace_dtypes(build, input_shape, target_shape, loss_fn, device: str = "cuda",
+                 dtype: torch.dtype = torch.float16, train: bool = False) -> list[tuple[str, tuple[str, ...]]]:
+    """Every torch function the forward pass and the loss of ``build()`` call under autocast
+    ``dtype``, with the dtypes of what each returned, in order; on fake tensors (no memory, no
+    GPU). ``device="cuda"``: fake CUDA tensors, dispatched through the installed torch's real
+    ``AutocastCUDA`` C++ kernels. ``device="cpu"``: fake CPU tensors under
+    ``cuda_autocast_rules()`` -- the emulation the predictor uses. The two lists must agree.
+
+    Runs without autograd and with the model in eval mode: on a CPU build, autograd and
+    training-mode BatchNorm need a CUDA device guard on fake CUDA tensors. BatchNorm is on no
+    autocast list, and eval mode keeps its output dtype (the input's) as training mode does;
+    ``train=True`` (CPU only) lets a test check that."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.overrides import TorchFunctionMode
+
+    class Record(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.log: list[tuple[str, tuple[str, ...]]] = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            dtypes = tuple(str(o.dtype).removeprefix("torch.") for o in outs if isinstance(o, torch.Tensor))
+            if dtypes and getattr(func, "__name__", "") not in ("__get__", "__set__"):
+                self.log.append((getattr(func, "__qualname__", getattr(func, "__name__", str(func))), dtypes))
+            return out
+
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"trace_dtypes(device={device!r}): 'cuda' (real kernels, fake tensors) or 'cpu' (emulation)")
+    if train and device == "cuda":
+        raise ValueError("trace_dtypes: train=True needs autograd and BatchNorm's training kernel, which fake "
+                         "CUDA tensors cannot run on a CPU build; use device='cpu'")
+    record = Record()
+    with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
+        model = build()
+        model.train(train)
+        x = torch.empty(input_shape, device=device)
+        target = torch.zeros(target_shape, dtype=torch.long if loss_fn is torch.nn.functional.cross_entropy
+                             else torch.float32, device=device)
+        if device == "cuda":
+            _fake_cuda_copy(model)
+            was = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
+            # torch.autocast("cuda") switches itself off when CUDA is unavailable: set the state
+            torch.set_autocast_enabled("cuda", True)
+            torch.set_autocast_dtype("cuda", dtype)
+            try:
+                with record:
+                    loss_fn(model(x), target)
+            finally:
+                torch.set_autocast_enabled("cuda", was[0])
+                torch.set_autocast_dtype("cuda", was[1])
+                torch.clear_autocast_cache()
+        else:
+            with cuda_autocast_rules(), torch.autocast("cpu", dtype=dtype), record:
+                loss_fn(model(x), target)
+    return record.log
+
+
+def _checks() -> list[tuple]:
+    """(name, build, input shape, target shape, loss, autocast dtypes) of the nets whose autocast
+    dtypes the course predicts. bf16 only for the U-Nets: the lists are the same for both dtypes
+    (the test of one is the test of the other), and DenseNet's 600 ops take seconds per trace.
+    Seed 004's memory-efficient DenseNet is not traced apart: without autograd its checkpointed
+    layers run the same ops as the plain ones."""
+    import torch.nn.functional as F
+
+    from .config import SEED000_VOLUME
+    from .densenet import densenet169, seed004_step_args
+    from .unet import UNet3D, seed000_unet
+
+    both = (torch.float16, torch.bfloat16)
+    unet = ((2, 1, *SEED000_VOLUME), (2, *SEED000_VOLUME), F.cross_entropy)
+    d = seed004_step_args()
+    return [("seed 000 large", lambda: seed000_unet("large"), *unet, both),
+            ("seed 000 small", lambda: seed000_unet("small"), *unet, both),
+            ("seed 000 large, lean Up", lambda: UNet3D(lean_up=True), *unet, both),
+            ("seed 004 DenseNet-169", densenet169, d["input_shape"], d["target_shape"], d["loss_fn"],
+             (torch.float16,))]
+
+
+def compare_with_real_kernels() -> dict:
+    """For each net of the course (both seed 000 U-Nets, the lean-Up one, seed 004's
+    DenseNet-169) and autocast dtype: the traces of ``trace_dtypes`` through the real
+    AutocastCUDA kernels ("cuda"), through the emulation ("cpu"), and through the emulation in
+    training mode ("cpu train"), at full size on fake tensors. JSON-ready."""
+    out = {}
+    for name, build, x, target, loss, dtypes in _checks():
+        for dtype in dtypes:
+            key = f"{name}, {str(dtype).removeprefix('torch.')}"
+            out[key] = {mode: [[op, list(d)] for op, d in trace_dtypes(build, x, target, loss, device, dtype, train)]
+                        for mode, device, train in (("cuda", "cuda", False), ("cpu", "cpu", False),
+                                                    ("cpu train", "cpu", True))}
+    return out
+
+
+if __name__ == "__main__":
+    # python -m course_utils.amp_rules [--json]: the emulation against this torch's AutocastCUDA
+    # kernels, op by op, on fake tensors (in a process of its own: a fake CUDA tensor that reaches
+    # a CUDA device guard aborts the process on a CPU build)
+    import json
+    import sys
+
+    report = compare_with_real_kernels()
+    if "--json" in sys.argv:
+        print(json.dumps({"torch": torch.__version__, "nets": report}))
+    else:
+        for key, traces in report.items():
+            same = traces["cuda"] == traces["cpu"]
+            print(f"{key}: {len(traces['cuda'])} ops, emulation {'agrees' if same else 'DIFFERS'}")
+        sys.exit(0 if all(t["cuda"] == t["cpu"] for t in report.values()) else 1)

@@ -167,3 +167,51 @@ def test_lean_up_computes_the_same_and_saves_memory_only_under_autocast():
         a = predict_step(lambda: UNet3D(levels=3, channels=8), shape, autocast_dtype=ac, **kw).peak
         b = predict_step(lambda: UNet3D(levels=3, channels=8, lean_up=True), shape, autocast_dtype=ac, **kw).peak
         assert (b < a) if lower else (b <= a)
+
+
+@pytest.fixture(scope="module")
+def real_kernels():
+    """``python -m course_utils.amp_rules --json`` in a process of its own: fake CUDA tensors run
+    the installed torch's real AutocastCUDA kernels (a CUDA device guard, if one were reached on
+    this CPU build, would abort the process, not raise)."""
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "course_utils.amp_rules", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout)["nets"]
+
+
+def test_emulation_matches_the_real_autocast_cuda_kernels_op_by_op(real_kernels):
+    assert {k.rsplit(",", 1)[0] for k in real_kernels} == {
+        "seed 000 large", "seed 000 small", "seed 000 large, lean Up", "seed 004 DenseNet-169"}
+    for key, traces in real_kernels.items():
+        cuda, cpu = traces["cuda"], traces["cpu"]
+        assert len(cuda) > 50, key  # the whole forward pass and the loss were traced
+        for i, (real, emulated) in enumerate(zip(cuda, cpu)):
+            assert real == emulated, f"{key}, op {i}: real AutocastCUDA {real}, emulation {emulated}"
+        assert len(cuda) == len(cpu), key
+
+
+def test_the_traces_hold_what_the_course_teaches(real_kernels):
+    # seed 000 under CUDA autocast fp16: convolutions in fp16, trilinear upsampling in fp32, the
+    # concatenation promoted to fp32, the loss in fp32 (notebook 04); the lean Up casts back
+    large = dict(real_kernels["seed 000 large, float16"]["cuda"])
+    assert large["_VariableFunctionsClass.conv3d"] == ["float16"]
+    assert large["interpolate"] == ["float32"] and large["_VariableFunctionsClass.cat"] == ["float32"]
+    assert large["cross_entropy"] == ["float32"]
+    lean = [d for op, d in real_kernels["seed 000 large, lean Up, float16"]["cuda"] if op == "_VariableFunctionsClass.cat"]
+    assert lean and all(d == ["float16"] for d in lean)
+    assert dict(real_kernels["seed 000 large, bfloat16"]["cuda"])["_VariableFunctionsClass.conv3d"] == ["bfloat16"]
+    dense = dict(real_kernels["seed 004 DenseNet-169, float16"]["cuda"])
+    assert dense["linear"] == ["float16"] and dense["binary_cross_entropy_with_logits"] == ["float32"]
+
+
+def test_eval_mode_batchnorm_is_a_faithful_stand_in(real_kernels):
+    # the fake-CUDA traces run BatchNorm in eval mode (its training kernel needs a GPU): under
+    # the emulation, training mode gives the same dtypes (its only extra op counts batches)
+    for key, traces in real_kernels.items():
+        train = [e for e in traces["cpu train"] if any(d.startswith(("float", "bfloat")) for d in e[1])]
+        assert train == traces["cpu"], key

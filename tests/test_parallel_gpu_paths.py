@@ -172,3 +172,21 @@ def test_cross_replica_bn_outside_a_process_group_is_batchnorm():
     x = torch.randn(2, 3, 4, 4, 4)
     bn, ref = CrossReplicaBatchNorm3d(3), nn.BatchNorm3d(3)
     torch.testing.assert_close(bn(x), ref(x))
+
+
+@pytest.mark.parametrize("gpus, backend_args, where", [(0, [], "no GPU"), (1, ["--backend", "gloo"], "NCCL needs one per"),
+                                                      (2, [], "NCCL, one GPU each"), (8, [], "NCCL, one GPU each")])
+def test_torchrun_demo_command_fits_the_gpus(monkeypatch, gpus, backend_args, where):
+    # notebook 08's torchrun cell: on a 1-GPU machine 2 NCCL ranks would stop at torchrun_backend's
+    # error; the command asks for gloo there instead
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    cmd, said = parallel.torchrun_command(2)
+    module_at = cmd.index("course_utils.parallel")
+    assert "--nproc-per-node=2" in cmd and cmd[module_at - 1] == "-m" and where in said
+    args = cmd[module_at + 1:]
+    assert args == backend_args
+    if gpus:  # what main() then picks with that command line on this machine
+        chosen = torchrun_backend({"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"},
+                                  args[1] if args else "auto")
+        assert chosen[0] == ("nccl" if gpus >= 2 else "gloo")
