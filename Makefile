@@ -5,14 +5,15 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lab test test-fast test-grader clean strip
+.PHONY: install lab test test-fast test-grader test-emulated test-compat clean strip
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# torch pinned first: the CPU build here, the CUDA build from PyPI on a GPU machine
-	$(BIN)/python -m pip install -q "torch==2.13.0"
-	$(BIN)/python -m pip install -q -e ".[lab,test]"
+	# torch as constraints.txt pins it (the package accepts a range): the CPU build here, the CUDA
+	# build from PyPI on a GPU machine
+	$(BIN)/python -m pip install -q -c constraints.txt torch
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[lab,test]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -29,8 +30,24 @@ test: install
 
 # the grader end to end: a class of cheating submissions, and real nbgrader (about 10 minutes)
 test-grader: install
-	$(BIN)/python -m pip install -q -e ".[grading]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[grading]"
 	$(BIN)/python -m pytest -q -m grader tests
+
+# notebooks 08 and 09 and exercise 08's solution with their parallel ranks computing as TF32 GPUs
+# would (COURSE_EMULATE_TF32=1: convolution operands rounded to TF32 on the CPU): their
+# GPU-vs-reference asserts must hold on every recent GPU, not only on a CPU (about 3 minutes)
+test-emulated: install
+	COURSE_EMULATE_TF32=1 $(BIN)/python -m pytest -q notebooks/08_data_parallel.ipynb \
+		notebooks/09_model_parallel.ipynb solutions/08_data_parallel.ipynb
+
+# the course on another torch, as a CUDA machine with its own torch runs it (tools/test_compat.sh):
+#   make test-compat TORCH=2.11.0   (the GPU machines' torch)    make test-compat TORCH=2.15.0
+# a venv of its own (.venv-torch-VERSION, Python 3.12), the course from the checkout, the GPU
+# kit's dry run and the whole test suite; not in CI (a CUDA build of torch is ~3 GB to download)
+TORCH ?= 2.11.0
+COMPAT_PYTHON ?= python3.12
+test-compat:
+	tools/test_compat.sh $(TORCH) $(COMPAT_PYTHON)
 
 # unit tests only, no notebooks
 test-fast: install
@@ -41,14 +58,14 @@ strip: install
 	$(BIN)/jupyter nbconvert --clear-output --inplace notebooks/*.ipynb exercises/*.ipynb solutions/*.ipynb
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .venv-torch-* .pytest_cache
 
 # --- the course as a website (site/): make site, then make site-check
 .PHONY: site site-check
 SITE_STAMP := $(VENV)/.site-installed
 
 $(SITE_STAMP): $(STAMP) pyproject.toml
-	$(BIN)/python -m pip install -q -e ".[site]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[site]"
 	touch $(SITE_STAMP)
 
 # static HTML of the whole course in build/site/: every notebook executed at the tiny preset on

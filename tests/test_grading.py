@@ -167,6 +167,7 @@ def test_release_has_no_answers_and_its_checks_still_work(tmp_path):
     assert "def best_segment_count" in (out / "course_utils/grading/ex07.py").read_text()
     assert "not in the student release" in (out / "course_utils/grading/ex07.py").read_text()
     assert 'testpaths = ["notebooks"]' in (out / "pyproject.toml").read_text()
+    assert (out / "constraints.txt").read_text() == (ROOT / "constraints.txt").read_text()  # make install needs it
     import subprocess
     import sys
 

@@ -11,7 +11,7 @@ them). Learners who clone it can copy them; for graded work hand out this releas
   a formula) are nowhere in the release. Those parts say "checked by your teacher's grader" in
   the learner's notebook; every other part still checks itself;
 * README, install files (``pyproject.toml`` with the notebooks as its only test path, Makefile,
-  environment.yml), ``benchmarks/``, ``recorded/``;
+  ``constraints.txt``, environment.yml), ``benchmarks/``, ``recorded/``;
 * no ``solutions/``, no ``tests/`` (they hold the answers), no ``docs/teaching.md``.
 
 ``--nbgrader-course DIR`` instead lays out an nbgrader course (``source/exNN/`` with the solution
@@ -31,7 +31,7 @@ import nbformat
 from .generate import ROOT, SolutionFormatError, make_exercise
 from .strip import strip_source
 
-KEEP_FILES = ("README.md", "Makefile", "environment.yml", "pyproject.toml")
+KEEP_FILES = ("README.md", "Makefile", "environment.yml", "pyproject.toml", "constraints.txt")
 KEEP_DIRS = ("benchmarks", "recorded")
 
 
