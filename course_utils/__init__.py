@@ -8,6 +8,8 @@ One concept a module:
 * ``train``      -- a training step, a short loop, the Dice score
 * ``memory``     -- saved-for-backward meter, hook table (MemTracker), GPU-free peak predictor,
                     CUDA peaks, out-of-memory explained
+* ``amp_rules``  -- CUDA's autocast rules on a CPU, checked against the real AutocastCUDA kernels
+* ``tf32``       -- TF32: ``exact_fp32()`` for comparisons, ``emulate_tf32()`` for CI
 * ``allocator``  -- the CUDA caching allocator: snapshots, expandable segments
 * ``limit_test`` -- seed 003's Conv3d 1-4-8-1 memory-limit net
 * ``inplace_abn`` -- In-Place Activated BatchNorm (BN + leaky ReLU, stores only its output)

@@ -80,10 +80,14 @@ PROMOTE = frozenset({
 })
 #: refused under CUDA autocast (unsafe in fp16): ``binary_cross_entropy``.
 BANNED = frozenset({"binary_cross_entropy"})
+#: CUDA builds only, registered apart (``aten/src/ATen/cudnn/AutocastRNN.cpp``): cuDNN's RNN casts
+#: its input, states and weights to float16 whatever the autocast dtype. A CPU never reaches it
+#: (its RNNs do not run through cuDNN), so the emulation does not model RNNs; the course has none.
+HALF_ALWAYS = frozenset({"_cudnn_rnn"})
 
 POLICIES = {
     "lower_precision_fp": LOWER_PRECISION, "fp32": FP32, "fp32_set_opt_dtype": FP32_SET_OPT_DTYPE,
-    "fp32_append_dtype": FP32_APPEND_DTYPE, "promote": PROMOTE, "banned": BANNED,
+    "fp32_append_dtype": FP32_APPEND_DTYPE, "promote": PROMOTE, "banned": BANNED, "fp16": HALF_ALWAYS,
 }
 SOURCE = ("CUDA autocast lists of PyTorch's aten/src/ATen/autocast_mode.h, restricted to the ops "
           "the installed torch registers for the AutocastCUDA dispatch key")
@@ -177,9 +181,9 @@ def _kernel(op: torch._ops.OpOverload, policy: str):
             if policy == "lower_precision_fp":
                 dt = torch.get_autocast_dtype("cpu")
                 return op(*_cast(args, dt), **{k: _cast(v, dt) for k, v in kwargs.items()})
-            if policy == "fp32":
-                return op(*_cast(args, torch.float32),
-                          **{k: _cast(v, torch.float32) for k, v in kwargs.items()})
+            if policy in ("fp32", "fp16"):
+                dt = torch.float32 if policy == "fp32" else torch.float16
+                return op(*_cast(args, dt), **{k: _cast(v, dt) for k, v in kwargs.items()})
             if policy == "promote":
                 dt = _widest(args, kwargs)
                 if dt is None:

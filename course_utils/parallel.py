@@ -583,13 +583,23 @@ def compared(worker: Callable) -> Callable:
 # --------------------------------------------------------------------------------------------
 # BatchNorm across replicas
 # --------------------------------------------------------------------------------------------
+def _all_gather_autograd(t: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``t`` concatenated along dim 0, with a backward (a reduce-scatter of the
+    gradient). torch 2.13 renamed ``all_gather_tensor_autograd`` (2.11, 2.12) to
+    ``all_gather_single_autograd`` and deprecated the old name: take whichever this torch has."""
+    from torch.distributed import _functional_collectives as fc
+
+    gather = getattr(fc, "all_gather_single_autograd", None) or fc.all_gather_tensor_autograd
+    return gather(t, 0, dist.group.WORLD)
+
+
 class CrossReplicaBatchNorm3d(nn.BatchNorm3d):
     """BatchNorm3d whose training statistics are those of the *global* batch, on CPU (gloo).
 
     Each rank computes, per channel, its count, mean and sum of squared deviations ``M2`` -- in
     fp32 at least (an fp16 count overflows past 65,504 values per channel, and fp16 sums lose the
     mean) -- then the ranks **all-gather** these triples with the autograd-aware
-    ``torch.distributed._functional_collectives.all_gather_single_autograd`` and combine them
+    ``all_gather_single_autograd`` of ``torch.distributed._functional_collectives`` and combine them
     with Chan et al.'s pairwise formula (``M2 = sum M2_r + n_r (mean_r - mean)^2``), which has no
     ``E[x^2] - E[x]^2`` cancellation. Gradients flow back through the all-gather (its backward
     is a reduce-scatter), so each rank's input gradient includes its effect on the global
@@ -607,8 +617,6 @@ class CrossReplicaBatchNorm3d(nn.BatchNorm3d):
         if not (self.training and dist.is_available() and dist.is_initialized()
                 and dist.get_world_size() > 1):
             return super().forward(x)
-        from torch.distributed._functional_collectives import all_gather_single_autograd
-
         self._check_input_dim(x)
         c, world = x.shape[1], dist.get_world_size()
         shape = (1, c) + (1,) * (x.dim() - 2)
@@ -617,7 +625,7 @@ class CrossReplicaBatchNorm3d(nn.BatchNorm3d):
         mean_r = xf.mean(dims)
         m2_r = (xf - mean_r.view(shape)).square().sum(dims)
         count_r = torch.full((1,), float(x.numel() // c), dtype=mean_r.dtype, device=x.device)
-        stats = all_gather_single_autograd(torch.cat([count_r, mean_r, m2_r]), 0, dist.group.WORLD)
+        stats = _all_gather_autograd(torch.cat([count_r, mean_r, m2_r]))
         stats = stats.view(world, 2 * c + 1)
         counts, means, m2s = stats[:, :1], stats[:, 1:c + 1], stats[:, c + 1:]
         n = counts.sum()

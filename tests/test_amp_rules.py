@@ -215,3 +215,16 @@ def test_eval_mode_batchnorm_is_a_faithful_stand_in(real_kernels):
     for key, traces in real_kernels.items():
         train = [e for e in traces["cpu train"] if any(d.startswith(("float", "bfloat")) for d in e[1])]
         assert train == traces["cpu"], key
+
+
+def test_cudnn_rnn_is_cast_to_fp16_whatever_the_autocast_dtype():
+    # CUDA builds register _cudnn_rnn for autocast apart from autocast_mode.h (AutocastRNN.cpp):
+    # always float16. The CPU build does not register it; torch 2.11's CUDA build made the
+    # emulation refuse to start until it knew this policy.
+    from course_utils.amp_rules import _kernel, _policy_of
+
+    assert _policy_of("_cudnn_rnn") == "fp16"
+    a, b = torch.randn(2, 3, dtype=torch.bfloat16), torch.randn(3, 2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = _kernel(torch.ops.aten.mm.default, "fp16")(a, b)
+    assert out.dtype == torch.float16
