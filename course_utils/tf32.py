@@ -11,7 +11,8 @@ in TF32 by default and **matmuls** (cuBLAS) in full fp32 by default:
 * ``tf32_enabled("conv" | "matmul")`` -- what the installed torch's flags say a CUDA op would do.
 * ``exact_fp32()`` -- full fp32 for convolutions and matmuls while inside, the flags restored
   afterwards. A correctness check (a GPU's gradient against an fp32 reference) runs its GPU side
-  under it; training does not (TF32 is several times faster and converges the same).
+  under it; training does not (TF32 is several times faster, and PyTorch's notes on it find that
+  most networks converge as in fp32).
 * ``emulate_tf32()`` -- a ``TorchDispatchMode`` that makes a CPU compute as a TF32 GPU would:
   it rounds the fp32 operands of convolution, convolution backward and matrix products to TF32
   *when the flags say a GPU would*, so code under ``exact_fp32()`` is not rounded. CI runs the
@@ -68,6 +69,10 @@ def settings() -> dict[str, str]:
     return {op: precision(op) for op in _OPS}
 
 
+#: the per-op settings ``exact_fp32`` changes (directly or through a legacy setter)
+_SAVED = (("cuda", "conv"), ("cuda", "rnn"), ("cuda", "matmul"), ("mkldnn", "matmul"))
+
+
 @contextlib.contextmanager
 def exact_fp32() -> Iterator[None]:
     """Full fp32 (TF32 off) for CUDA convolutions, RNNs and matmuls inside; every flag exactly as
@@ -101,10 +106,6 @@ def exact_fp32() -> Iterator[None]:
         torch._C._set_float32_matmul_precision(matmul_legacy)
         for key, value in raw.items():
             torch._C._set_fp32_precision_setter(*key, value)
-
-
-#: the per-op settings ``exact_fp32`` changes (directly or through a legacy setter)
-_SAVED = (("cuda", "conv"), ("cuda", "rnn"), ("cuda", "matmul"), ("mkldnn", "matmul"))
 
 
 def to_tf32(t: torch.Tensor, rounding: str = "nearest") -> torch.Tensor:

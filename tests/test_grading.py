@@ -5,6 +5,7 @@ line. The cheats of issue 16 run in tests/test_grading_class.py (make test-grade
 import csv
 import re
 import json
+import os
 import subprocess
 import sys
 import time
@@ -215,6 +216,22 @@ def test_small_class(small_class):
     table = summary(list(small_class.values()))
     assert "exercise 00 (A tensor's size, and new memory): 2 submission(s), mean 50.0 %" in table
     assert "not graded (2):" in table
+
+
+def test_submissions_import_what_pythonpath_installed_but_never_the_course(tmp_path, monkeypatch):
+    # a GPU machine without network gets nbformat & co. with pip install --target and PYTHONPATH
+    # (docs/teaching.md); the grader's processes must see them -- `make test-compat` found every
+    # submission ending at startup -- but not the checkout's course_utils, which holds the answers
+    from course_utils.grading import grade as grade_module
+
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(ROOT), str(tmp_path / "missing")]))
+    assert grade_module.package_paths() == [str(site)]
+    env = grade_module.Grader(Options())._env(tmp_path, tmp_path / "lib")
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(tmp_path / "lib"), str(site)]
+    monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])
+    assert str(site) in limits.python_read_paths()  # and Landlock lets the submission read them
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_CHILD_SUBREAPER is Linux's")

@@ -39,3 +39,26 @@ def test_teaching_timings_are_rendered_from_the_committed_measurement():
     data = json.loads(readme.TIMINGS.read_text())
     assert readme.replace_block(text, "timings", readme.render_timings(data)) == text
     assert set(data["rows"]) == {p.name[:2] for p in (readme.ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+
+
+def test_the_declared_torch_range_is_the_tested_one():
+    """pyproject's torch range runs from the oldest to the newest version README's "PyTorch
+    versions" table says passed, and constraints.txt's pin (what make install uses) is inside."""
+    import re
+    import tomllib
+
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    root = readme.README.parent
+    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    spec = SpecifierSet(next(d for d in deps if d.startswith("torch"))[len("torch"):])
+    section = readme.README.read_text().split("## PyTorch versions", 1)[1].split("\n## ", 1)[0]
+    passed = [Version(v) for v, result in re.findall(r"^\| (\d+\.\d+\.\d+)\b[^|]*\|[^|]*\|[^|]*\| (\w+)", section, re.M)
+              if result == "passed"]
+    assert len(passed) >= 3, "README's PyTorch versions table lists no passed runs"
+    lo, hi = min(passed), max(passed)
+    assert str(spec) == f"<{hi.major}.{hi.minor + 1},>={lo.major}.{lo.minor}" or \
+        str(spec) == f">={lo.major}.{lo.minor},<{hi.major}.{hi.minor + 1}", (spec, lo, hi)
+    pin = re.search(r"^torch==(\S+)", (root / "constraints.txt").read_text(), re.M).group(1)
+    assert Version(pin) in spec and Version(pin) in passed

@@ -133,6 +133,17 @@ def _write_tree(files: dict[str, bytes], dest: Path) -> None:
         target.write_bytes(data)
 
 
+def package_paths(pythonpath: str | None = None) -> list[str]:
+    """The grader's ``PYTHONPATH`` entries that a submission's processes may import from too:
+    where packages were installed with ``pip install --target`` (a GPU machine without network
+    gets its Jupyter packages that way) -- every entry but those holding a ``course_utils``
+    package (a checkout run with ``PYTHONPATH=.``): a submission sees only the grader's stripped
+    copy of the course, never the one with the answers."""
+    pythonpath = os.environ.get("PYTHONPATH", "") if pythonpath is None else pythonpath
+    return [p for p in pythonpath.split(os.pathsep)
+            if p and os.path.isdir(p) and not os.path.exists(os.path.join(p, "course_utils"))]
+
+
 class Grader:
     """Grades submissions one at a time; create once per class (it snapshots ``course_utils``
     and imports every check before any submission runs)."""
@@ -178,7 +189,8 @@ class Grader:
                         "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "SYSTEMROOT")}
         for d in ("home", "tmp", "runtime", "mpl", "ipython", "jupyter-config"):
             (scratch / d).mkdir(exist_ok=True)
-        env.update(HOME=str(scratch / "home"), TMPDIR=str(scratch / "tmp"), PYTHONPATH=str(lib),
+        env.update(HOME=str(scratch / "home"), TMPDIR=str(scratch / "tmp"),
+                   PYTHONPATH=os.pathsep.join([str(lib), *package_paths()]),
                    JUPYTER_PATH=str(scratch / "jupyter"), JUPYTER_RUNTIME_DIR=str(scratch / "runtime"),
                    JUPYTER_CONFIG_DIR=str(scratch / "jupyter-config"), IPYTHONDIR=str(scratch / "ipython"),
                    MPLCONFIGDIR=str(scratch / "mpl"), MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1",

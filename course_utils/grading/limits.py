@@ -74,9 +74,11 @@ def landlock_abi() -> int:
 
 
 def python_read_paths() -> list[str]:
-    """Where this Python and its packages live (what a sandboxed Python must read)."""
+    """Where this Python and its packages live (what a sandboxed Python must read): its prefixes,
+    site-packages and the ``PYTHONPATH`` entries the grader passed on (``grade.package_paths``)."""
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-             str(Path(sys.executable).resolve().parent.parent)}
+             str(Path(sys.executable).resolve().parent.parent),
+             *os.environ.get("PYTHONPATH", "").split(os.pathsep)}
     try:
         paths.update(site.getsitepackages())
     except AttributeError:
