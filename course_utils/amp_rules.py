@@ -62,6 +62,9 @@ FP32 = frozenset({
     "_upsample_nearest_exact2d", "upsample_nearest3d", "_upsample_nearest_exact3d",
     "upsample_linear1d", "upsample_bilinear2d", "_upsample_bilinear2d_aa",
     "upsample_trilinear3d", "upsample_bicubic2d", "_upsample_bicubic2d_aa", "rms_norm",
+    # torch 2.15 registers it apart from the header's lists; fp32 (its real kernel, run on fake
+    # CUDA tensors, returns float32 for float16 and bfloat16 inputs)
+    "linalg_matrix_sqrth",
 })
 #: ``AT_FORALL_FP32_SET_OPT_DTYPE``: run with ``dtype=torch.float32`` unless a dtype was given
 #: (the output is float32; the input is not copied to float32 first).

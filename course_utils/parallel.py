@@ -736,6 +736,27 @@ def single_process_grads(config: dict, device: torch.device | str = "cpu") -> li
     return [p.grad.detach().cpu().clone() for p in net.parameters()]
 
 
+def reference_grads(config: dict, factor: float = 4, floor: float = 1e-4) -> dict:
+    """One process on the whole global batch in float64 (on the CPU): ``grads``; what fp32 itself
+    is off by on this net (``single_process_grads`` against them): ``fp32_error``; and the
+    ``tolerance`` a computation of the same step in fp32 should meet on any device, in any
+    summation order: ``max(floor, factor * fp32_error)``.
+
+    Why not a fixed tolerance: where a value lies within rounding of a ReLU's kink or of a tie in
+    a max-pool window, fp32 and float64 take different branches, and the gradient of what that
+    branch touches moves by a whole step, not by a rounding. Such a net (notebook 09's, seed 0) is
+    off by 1e-4 in fp32 where another seed's is off by 1e-7. Two fp32 runs on the same CPU round
+    alike and take the same branches; a GPU's kernels round differently, so a fixed 1e-4 between
+    GPU and CPU fails on such a net. A wrong schedule or a lost micro-batch is off by 1e-2 or
+    more, far beyond this tolerance."""
+    net = build_net(config).double()
+    x, y = global_batch(config)
+    nn.functional.cross_entropy(net(x.double()), y).backward()
+    grads = [p.grad.detach().clone() for p in net.parameters()]
+    fp32_error = relative_error(single_process_grads(config), grads)
+    return {"grads": grads, "fp32_error": fp32_error, "tolerance": max(floor, factor * fp32_error)}
+
+
 def tf32_errors(config: dict, device: torch.device | str = "cpu") -> list[dict]:
     """How far TF32 convolutions move the gradient of ``build_net(config)`` on its global batch,
     against the fp32 reference (``single_process_grads`` on the CPU), beside the difference a
