@@ -3,7 +3,8 @@
 **TensorFloat-32** (TF32) is a math mode of NVIDIA's tensor cores (A100, H100, RTX 30xx and
 newer). An fp32 operand is read with 10 of its 23 mantissa bits (the exponent keeps its 8 bits,
 so the range is fp32's); the products are summed in fp32. Each operand moves by up to 2^-11 of
-its value (about 4.9e-4) where fp32 moves by 2^-24 (6e-8). PyTorch runs **convolutions** (cuDNN)
+its value (about 4.9e-4) if it is rounded to nearest, 2^-10 if truncated, where fp32 moves by
+2^-24 (6e-8). PyTorch runs **convolutions** (cuDNN)
 in TF32 by default and **matmuls** (cuBLAS) in full fp32 by default:
 ``torch.backends.cudnn.conv.fp32_precision`` is ``"tf32"`` and
 ``torch.backends.cuda.matmul.fp32_precision`` resolves to IEEE fp32.
@@ -84,17 +85,11 @@ def exact_fp32() -> Iterator[None]:
     also set the new flags), then the per-op settings to ``"ieee"`` (in case a parent setting,
     e.g. ``torch.backends.cudnn.fp32_precision = "tf32"``, would otherwise win)."""
     raw = {key: _raw(*key) for key in _SAVED}
-    # torch refuses to read a legacy flag that disagrees with the new ones (code that set only
-    # the new ones): then the legacy flag is still at its default, True for cuDNN, "highest" for
-    # matmuls, and it is restored to that, disagreeing as before
-    try:
-        cudnn_legacy = torch._C._get_cudnn_allow_tf32()
-    except RuntimeError:
-        cudnn_legacy = True
-    try:
-        matmul_legacy = torch._C._get_float32_matmul_precision()
-    except RuntimeError:
-        matmul_legacy = "highest"
+    before = _legacy_reads()
+    # a legacy flag torch refuses to read (it disagrees with the new ones) is found by trying
+    # values until the flags read back as they did: the saved one first, then the others
+    first = (before[0] if isinstance(before[0], bool) else True,
+             before[1] if before[1] in _MATMUL_LEGACY else "highest")
     try:
         torch._C._set_cudnn_allow_tf32(False)
         torch._C._set_cublas_allow_tf32(False)
@@ -102,10 +97,37 @@ def exact_fp32() -> Iterator[None]:
             torch._C._set_fp32_precision_setter("cuda", op, "ieee")
         yield
     finally:
-        torch._C._set_cudnn_allow_tf32(cudnn_legacy)
-        torch._C._set_float32_matmul_precision(matmul_legacy)
-        for key, value in raw.items():
-            torch._C._set_fp32_precision_setter(*key, value)
+        for legacy in [first] + [(c, m) for c in (True, False) for m in _MATMUL_LEGACY]:
+            _restore(legacy, raw)
+            if _legacy_reads() == before:
+                break
+        else:
+            _restore(first, raw)
+
+
+_MATMUL_LEGACY = ("highest", "high", "medium")
+
+
+def _restore(legacy: tuple[bool, str], raw: dict) -> None:
+    """The legacy flags, then the new ones (a legacy setter also writes new flags)."""
+    torch._C._set_cudnn_allow_tf32(legacy[0])
+    torch._C._set_float32_matmul_precision(legacy[1])
+    for key, value in raw.items():
+        torch._C._set_fp32_precision_setter(*key, value)
+
+
+def _legacy_reads() -> tuple:
+    """What torch's legacy getters say now (a value, or "refused" where they raise because the
+    legacy and the new flags disagree): cuDNN's allow_tf32, the matmul precision, cuBLAS's
+    allow_tf32 -- the comparisons ATen itself makes before a CUDA convolution or matmul."""
+    out = []
+    for get in (torch._C._get_cudnn_allow_tf32, torch._C._get_float32_matmul_precision,
+                torch._C._get_cublas_allow_tf32):
+        try:
+            out.append(get())
+        except RuntimeError:
+            out.append("refused")
+    return tuple(out)
 
 
 def to_tf32(t: torch.Tensor, rounding: str = "nearest") -> torch.Tensor:
@@ -114,18 +136,17 @@ def to_tf32(t: torch.Tensor, rounding: str = "nearest") -> torch.Tensor:
     ``rounding="nearest"``: to the nearest TF32 value, ties away from zero (PTX's
     ``cvt.rna.tf32.f32``, the conversion CUTLASS's TF32 kernels use); ``"truncate"``: the low 13
     bits dropped (a tensor core fed raw fp32 reads only the high bits). NVIDIA does not document
-    which one each cuDNN kernel does; the two differ by at most one TF32 unit. Infinities and
-    NaNs pass through; a value that rounds past fp32's largest becomes infinite, as in hardware.
-    Other dtypes are returned unchanged."""
+    which one each cuDNN kernel does: they are two plausible models, one TF32 unit apart.
+    Infinities and NaNs pass through unchanged; a value that rounds past fp32's largest becomes
+    infinite, as in hardware. The memory layout is kept. Other dtypes are returned unchanged."""
     if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
         return t
     if rounding not in ("nearest", "truncate"):
         raise ValueError(f"to_tf32(rounding={rounding!r}): choose 'nearest' or 'truncate'")
-    bits = t.contiguous().view(torch.int32)
-    if rounding == "nearest":
-        finite = torch.isfinite(t).contiguous()
-        bits = torch.where(finite, bits + (1 << (DROPPED_BITS - 1)), bits)
-    return (bits & ~((1 << DROPPED_BITS) - 1)).view(torch.float32).view(t.shape)
+    bits = t.view(torch.int32)  # the same memory, any strides (channels_last stays channels_last)
+    kept = bits + (1 << (DROPPED_BITS - 1)) if rounding == "nearest" else bits
+    kept = kept & ~((1 << DROPPED_BITS) - 1)
+    return torch.where(torch.isfinite(t), kept, bits).view(torch.float32)
 
 
 def _conv_operands(func, args, kwargs, rounding):
@@ -161,10 +182,12 @@ class emulate_tf32(TorchDispatchMode):
     each op: ``exact_fp32()`` inside the mode switches the rounding off, as it switches TF32 off
     on a GPU. ``counts`` says how many ops of each kind were rounded.
 
-    It sits below autograd (a dispatch mode), so it sees the ops of the backward pass too; the
-    autograd engine carries the mode to the thread that runs a CPU backward. It is a model of the
-    tensor cores' input rounding, not of cuDNN's choice of algorithm (summation order, Winograd
-    or FFT transforms): it reproduces the size of TF32's error, not its bits."""
+    It sits below autograd (a dispatch mode), so it sees the ops of the backward pass too (a CPU
+    backward runs on the calling thread; the autograd engine also hands the mode to its device
+    threads). It is a model of the tensor cores' input rounding, not of cuDNN's choice of
+    algorithm (summation order, Winograd or FFT transforms, or kernels that skip the tensor cores
+    for tiny convolutions): it reproduces the size of TF32's error, not its bits. RNNs are not
+    modelled: on a GPU cuDNN's RNN follows the "rnn" flag, on a CPU an LSTM is matmuls."""
 
     def __init__(self, rounding: str = "nearest"):
         super().__init__()

@@ -16,7 +16,11 @@ from .core import CheckFailed, Exercise, expect_equal, expect_grads_close, refer
 EX = Exercise("08", "Data parallel", names=("ddp_step", "accumulate_grads"),
               refused={"course_utils.parallel": ("ddp_worker", "accumulated_grads", "train_worker")})
 
-DDP_CONFIG = {"norm": "gn", "global_batch": 4}
+#: seed 5: no value of this net's forward pass lies within 8 x fp32's rounding of a ReLU's kink or
+#: a max-pool tie (``parallel.branch_margin``), so a GPU's fp32, which rounds differently from the
+#: CPU's, takes the CPU reference's branches and the 1e-4 comparison holds there too (seed 0's
+#: margin is 2; seed 4's fp32 is off by 3e-3 through one changed branch). Tested.
+DDP_CONFIG = {"norm": "gn", "global_batch": 4, "seed": 5}
 ACC_CONFIG = {"norm": "gn", "global_batch": 8}
 WORLD = 2
 
