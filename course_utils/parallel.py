@@ -56,7 +56,7 @@ import torch.multiprocessing
 from torch import nn
 
 from .memory import SavedTensorMeter
-from .tf32 import emulated_if_asked, exact_fp32
+from .tf32 import emulate_tf32, emulated_if_asked, exact_fp32
 from .unet import UNet3D
 
 COLLECTIVE_TIMEOUT_S = 60
@@ -791,8 +791,6 @@ def tf32_branches(config: dict) -> dict:
     max-pool decisions of one forward pass; ``changed``: how many TF32 takes differently from
     fp32; ``error``: TF32's gradient error (``relative_error`` vs fp32); ``error, branches
     held``: the same with every ReLU and max-pool taking fp32's branch."""
-    from .tf32 import emulate_tf32
-
     x, y = global_batch(config)
 
     def step(force=None):
@@ -867,8 +865,6 @@ def tf32_errors(config: dict, device: torch.device | str = "cpu") -> list[dict]:
     measured there: PyTorch's default (TF32 convolutions on Ampere and newer GPUs) and under
     ``exact_fp32()``. Each row: ``key`` (tf32, tf32 truncated, exact, gpu default, gpu exact,
     another batch), ``computation``, ``error`` (``relative_error`` vs the reference), ``method``."""
-    from .tf32 import emulate_tf32
-
     device = torch.device(device)
     ref = single_process_grads(config)
     rows = []
