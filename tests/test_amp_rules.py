@@ -184,6 +184,7 @@ def real_kernels():
     return json.loads(run.stdout)["nets"]
 
 
+@pytest.mark.emulated
 def test_emulation_matches_the_real_autocast_cuda_kernels_op_by_op(real_kernels):
     assert {k.rsplit(",", 1)[0] for k in real_kernels} == {
         "seed 000 large", "seed 000 small", "seed 000 large, lean Up", "seed 004 DenseNet-169"}
@@ -195,6 +196,7 @@ def test_emulation_matches_the_real_autocast_cuda_kernels_op_by_op(real_kernels)
         assert len(cuda) == len(cpu), key
 
 
+@pytest.mark.emulated
 def test_the_traces_hold_what_the_course_teaches(real_kernels):
     # seed 000 under CUDA autocast fp16: convolutions in fp16, trilinear upsampling in fp32, the
     # concatenation promoted to fp32, the loss in fp32 (notebook 04); the lean Up casts back
@@ -209,6 +211,7 @@ def test_the_traces_hold_what_the_course_teaches(real_kernels):
     assert dense["linear"] == ["float16"] and dense["binary_cross_entropy_with_logits"] == ["float32"]
 
 
+@pytest.mark.emulated
 def test_eval_mode_batchnorm_is_a_faithful_stand_in(real_kernels):
     # the fake-CUDA traces run BatchNorm in eval mode (its training kernel needs a GPU): under
     # the emulation, training mode gives the same dtypes (its only extra op counts batches)

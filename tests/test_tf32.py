@@ -1,6 +1,8 @@
 """course_utils.tf32: TF32's rounding, the switches that turn it off (and back as they were), and
 the CPU emulation CI runs the GPU-side comparisons under (tests/test_parallel.py's ``runs``,
-exercise 08 below, ``make test-emulated`` for notebooks 08 and 09)."""
+exercise 08 below, ``make test-emulated`` for notebooks 08 and 09); and the other way a GPU
+computes differently, summation order, against the checks' tolerances. The tests marked
+``emulated`` run in ``make test-emulated``."""
 
 import math
 from pathlib import Path
@@ -197,6 +199,7 @@ def test_the_environment_switch(monkeypatch):
         tf32.emulated_if_asked()
 
 
+@pytest.mark.emulated
 @pytest.mark.timeout(300)
 def test_exercise_08_grades_the_solution_full_marks_on_tf32_ranks(monkeypatch):
     """The check compares the learner's DDP ranks with one CPU process: on TF32 GPUs (emulated)
@@ -250,6 +253,7 @@ def test_the_fixed_tolerance_checks_use_nets_whose_branches_a_gpu_cannot_change(
     assert parallel.branch_margin(risky) < 1 and parallel.reference_grads(risky)["fp32_error"] > 1e-3
 
 
+@pytest.mark.emulated
 @pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
 def test_notebook_09_holds_its_pipelines_to_fp32s_own_error():
     """Notebook 09's pipeline net: fp32 is off by ~1e-4 against float64 (values at a ReLU's kink
