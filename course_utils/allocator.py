@@ -119,6 +119,71 @@ def record_snapshot(fn: Callable[[], Any], path: str | Path = "snapshots/step.pi
 
 # --------------------------------------------------------------------------------------------
 # A model of the caching allocator, for machines without a GPU
+@dataclass
+class PeakBlock:
+    """One allocation live at the peak: its size and where it was made (innermost frame first)."""
+
+    size: int
+    frames: list[str]
+
+    def where(self, n: int = 2) -> str:
+        """The innermost C++ frame that names a kernel library or an ATen op (a cuDNN workspace
+        shows as ``cudnn``), then the first ``n`` Python frames."""
+        cpp = [f[:100] for f in self.frames if any(k in f for k in _NATIVE)]
+        py = [f for f in self.frames if ".py:" in f]
+        return " < ".join(cpp[:1] + py[:n]) or " < ".join(f[:100] for f in self.frames[:n]) or "?"
+
+
+_NATIVE = ("cudnn", "cublas", "at::native::", "at::_ops::")
+
+
+def live_at_peak(trace: list[dict[str, Any]]) -> tuple[int, list[PeakBlock]]:
+    """Replay an allocator trace (``torch.cuda.memory._snapshot()["device_traces"][0]``: events
+    with ``action``, ``addr``, ``size``, ``frames``) and return the largest total it reached, counted
+    from where the recording began, and the blocks live at that moment, largest first. The peak
+    is what ``max_memory_allocated`` sees above what was live before recording; the blocks say
+    what made it: a tensor a PyTorch op returned, a cuDNN workspace, an optimizer state."""
+    live: dict[int, dict[str, Any]] = {}
+    cur = best = 0
+    best_live: dict[int, dict[str, Any]] = {}
+    for ev in trace:
+        action = ev.get("action")
+        if action == "alloc":
+            live[ev["addr"]] = ev
+            cur += ev["size"]
+            if cur > best:
+                best, best_live = cur, dict(live)
+        elif action == "free_requested" and ev.get("addr") in live:
+            cur -= live.pop(ev["addr"])["size"]
+    blocks = [PeakBlock(e["size"], [f"{f.get('name', '?')} ({Path(str(f.get('filename', '?'))).name}:{f.get('line', '?')})"
+                                    for f in e.get("frames", [])])
+              for e in best_live.values()]
+    return best, sorted(blocks, key=lambda b: -b.size)
+
+
+def peak_blocks(fn: Callable[[], Any], stacks: str = "all",
+                max_entries: int = 200_000) -> tuple[int, list[PeakBlock]]:
+    """Run ``fn()`` with the allocator's history recorded (``stacks="all"``: Python and C++
+    frames, so a cuDNN workspace shows as one) and return ``live_at_peak`` of its trace."""
+    require_cuda("peak_blocks")
+    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks=stacks)
+    try:
+        fn()
+        torch.cuda.synchronize()
+        snap = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    return live_at_peak(snap["device_traces"][0] if snap["device_traces"] else [])
+
+
+def peak_table(blocks: list[PeakBlock], top: int = 12, frames: int = 3):
+    """The largest blocks live at a peak as a table (MiB, where it was made)."""
+    import pandas as pd
+
+    return pd.DataFrame([{"MiB": round(b.size / MiB, 2), "made by": b.where(frames)} for b in blocks[:top]])
+
+
 # --------------------------------------------------------------------------------------------
 #: constants of c10/cuda/CUDACachingAllocator.cpp
 MIN_BLOCK = 512  # every request is rounded up to a multiple of this

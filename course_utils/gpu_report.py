@@ -13,7 +13,12 @@ Steps (``--only`` picks some, e.g. ``--only tests benchmark``, to fit a time lim
                     and measured (steady-state ``max_memory_allocated``, reserved, step time, the
                     largest batch in an 8 GiB card), with the prediction's miss in %;
 4. ``limit``     -- seed 003's net at three N, predicted vs measured;
-5. the summary (``summary.md``, ``summary.json``), the recorded figures as the repository keeps
+5. ``peaks``     -- where a prediction misses, why: for seed 003's net and seed 000's small net
+                    in fp16 (the first GPU run's misses, 16 % and 6 %) and the large net in fp32
+                    (its control, 0.3 %), the step measured with ``cudnn.benchmark`` off and on,
+                    and the blocks live at the measured peak with the C++ and Python frames that
+                    made them (``allocator.peak_blocks``): a cuDNN workspace names itself;
+6. the summary (``summary.md``, ``summary.json``), the recorded figures as the repository keeps
    them (``repo/recorded/<gpu>.json``, ``repo/benchmarks/results/<gpu>.*``: copy ``repo/`` over
    the repository root to commit them), and one archive of everything, ``gpu-report.tar.gz``.
 
@@ -39,7 +44,7 @@ from . import recorded
 from .memory import MiB
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = ("tests", "notebooks", "benchmark", "limit")
+STEPS = ("tests", "notebooks", "benchmark", "limit", "peaks")
 LIMIT_NS = (128, 256, 384)
 
 
@@ -49,7 +54,7 @@ def _log(msg: str) -> None:
 
 def run_tests(out: Path) -> dict[str, Any]:
     """The gpu-marked tests (on a CPU they are all skipped: the dry run only checks they collect)."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rP", "-m", "gpu", "-p", "no:cacheprovider",
            "-o", "addopts=", str(ROOT / "tests"), f"--junitxml={out / 'gpu-tests.xml'}"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=1800)
@@ -117,6 +122,60 @@ def run_limit(dry_run: bool) -> list[dict[str, Any]]:
     return rows
 
 
+def peak_cases() -> dict[str, tuple]:
+    """The steps the ``peaks`` step opens up: name -> (build, input shape, keyword arguments of
+    ``predict_step`` / ``measure_step``)."""
+    from . import explorer as ex
+    from .benchmark import configs
+    from .limit_test import LimitTestNet
+
+    cube = (1, 1, 128, 128, 128)
+    cases = {"seed 003 net, N=128, first step": (LimitTestNet, cube, dict(target_shape=cube, optimizer=None,
+                                                                          steady_state=False))}
+    for net, technique in (("small", "fp16 model (seed 000)"), ("large", "baseline fp32")):
+        cfg = configs(net)[technique]
+        dtype, ac = ex.PRECISIONS[cfg.precision]
+        cases[f"seed 000 {net} net, {technique}"] = (
+            (lambda cfg=cfg: ex.build(cfg)), (cfg.batch, 1, *cfg.volume),
+            dict(n_classes=5, dtype=dtype, autocast_dtype=ac))
+    return cases
+
+
+def run_peaks(out: Path, dry_run: bool) -> list[dict[str, Any]]:
+    """Predicted vs measured peak for each of ``peak_cases``, with cuDNN's autotuner off and on,
+    and (on a GPU) the largest blocks live at the measured peak, written to ``peaks.json``."""
+    from . import allocator
+    from .memory import measure_step, predict_step
+
+    rows, detail = [], {}
+    for name, (build, shape, kw) in peak_cases().items():
+        pred = predict_step(build, shape, module_peaks=False, **kw)
+        row: dict[str, Any] = {"case": name, "predicted peak MiB": round(pred.peak / MiB, 1),
+                               "predicted peak in": "{} ({})".format(*pred.log.peak_location)}
+        if not dry_run:
+            saved = torch.backends.cudnn.benchmark
+            try:
+                for bench in (False, True):
+                    torch.backends.cudnn.benchmark = bench
+                    torch.cuda.empty_cache()
+                    row[f"measured MiB, cudnn.benchmark={bench}"] = round(
+                        measure_step(build, shape, **kw).peak_allocated / MiB, 1)
+                torch.backends.cudnn.benchmark = False
+                torch.cuda.empty_cache()
+                peak, blocks = allocator.peak_blocks(lambda: measure_step(build, shape, **kw))
+            finally:
+                torch.backends.cudnn.benchmark = saved
+            row["miss %"] = round(100 * (pred.peak / MiB - row["measured MiB, cudnn.benchmark=False"])
+                                  / row["measured MiB, cudnn.benchmark=False"], 1)
+            row["largest at the peak"] = "; ".join(f"{b.size / MiB:.1f} MiB {b.where(1)}" for b in blocks[:4])
+            detail[name] = {"peak over the recording MiB": round(peak / MiB, 1),
+                            "blocks": [{"MiB": round(b.size / MiB, 3), "frames": b.frames[:24]} for b in blocks[:20]]}
+        rows.append(row)
+        _log(f"peaks: {row}")
+    (out / "peaks.json").write_text(json.dumps({"rows": rows, "blocks at the measured peak": detail}, indent=1) + "\n")
+    return rows
+
+
 def record_overheads(raw: Path) -> dict[str, Any]:
     """The CUDA context and the reserved/allocated ratio, which the explorer's Overheads use."""
     from .benchmark import cuda_context_bytes
@@ -160,6 +219,11 @@ def summarize(report: dict[str, Any]) -> str:
         lines += ["## seed 003's net", "", "| " + " | ".join(report["limit"][0]) + " |",
                   "|" + "---|" * len(report["limit"][0])]
         lines += ["| " + " | ".join(str(v) for v in r.values()) + " |" for r in report["limit"]]
+    if "peaks" in report:
+        lines += ["", "## what is live at the measured peaks (peaks.json has the frames)", ""]
+        cols = list(dict.fromkeys(k for r in report["peaks"] for k in r))
+        lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(str(r.get(c, "-")).replace("|", "/") for c in cols) + " |" for r in report["peaks"]]
     return "\n".join(lines) + "\n"
 
 
@@ -199,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
 
         _log("benchmark")
         bench = benchmark.run(out / "repo" / "benchmarks" / "results", nets=tuple(args.nets),
-                              measure=not args.dry_run, techniques=args.techniques, progress=False)
+                              measure=not args.dry_run, techniques=args.techniques, progress=True)
         report["benchmark"] = bench
         ratios = [r["measured reserved MiB"] / r["measured peak MiB"] for r in bench["rows"]
                   if r.get("measured peak MiB")]
@@ -210,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     if "limit" in steps:
         _log("seed 003 limit test")
         report["limit"] = run_limit(args.dry_run)
+    if "peaks" in steps:
+        _log("what is live at the measured peaks")
+        report["peaks"] = run_peaks(out, args.dry_run)
     report["seconds"] = round(time.perf_counter() - t0, 1)
     if raw.exists() and any(raw.glob("*.json")):
         name = recorded.file_stem(report["machine"]["gpu"]) + ".json"

@@ -67,10 +67,18 @@ def _storage_key(t: torch.Tensor) -> int:
 # Saved-for-backward bytes
 # --------------------------------------------------------------------------------------------
 class _Packed:
+    """What the meter's pack hook hands autograd: a *detached* alias of the saved tensor (same
+    storage, no ``grad_fn``). Keeping the tensor itself would close a cycle through C++ that
+    Python's garbage collector cannot see -- the output's ``grad_fn`` owns the saved variable,
+    which would own the output again -- so a graph whose backward never runs (an OOM in the
+    forward, ``catch_oom``) would never be freed: on a GPU, each failed attempt of a
+    largest-batch search stayed allocated (PyTorch's saved-tensor-hooks docs; pytorch#115255).
+    Autograd puts the ``grad_fn`` back when it unpacks."""
+
     __slots__ = ("tensor", "__weakref__")
 
     def __init__(self, tensor: torch.Tensor):
-        self.tensor = tensor
+        self.tensor = tensor.detach()
 
 
 class SavedTensorMeter:

@@ -96,3 +96,34 @@ def test_the_model_is_close_to_the_real_allocator():
     sim = simulate(events, resident=resident)
     real = measure_step(build, shape, n_classes=5)
     assert sim.peak_reserved == pytest.approx(real.peak_reserved, rel=0.15)
+
+
+def test_live_at_peak_replays_a_snapshot_trace():
+    """The events of torch.cuda.memory._snapshot()["device_traces"][0]: the peak is the largest
+    running total of alloc minus free_requested, and the blocks are those live at that moment."""
+    from course_utils.allocator import live_at_peak
+
+    def ev(action, addr, size, frame="f"):
+        return {"action": action, "addr": addr, "size": size,
+                "frames": [{"name": frame, "filename": "/x/train.py", "line": 66}]}
+
+    trace = [ev("segment_alloc", 0, 1 << 30), ev("alloc", 1, 100, "activation"), ev("alloc", 2, 50, "workspace"),
+             ev("free_requested", 2, 50), ev("free_completed", 2, 50), ev("alloc", 3, 70, "grad"),
+             ev("alloc", 4, 10, "late"), ev("free_requested", 1, 100), ev("alloc", 5, 60, "after")]
+    peak, blocks = live_at_peak(trace)
+    assert peak == 180  # 100 + 70 + 10 (the workspace had gone; 100 + 50 = 150 was lower)
+    assert [b.size for b in blocks] == [100, 70, 10]
+    assert blocks[0].frames == ["activation (train.py:66)"] and "activation" in blocks[0].where()
+    assert live_at_peak([]) == (0, [])
+    freed_twice = [ev("alloc", 1, 5), ev("free_requested", 1, 5), ev("free_requested", 1, 5)]
+    assert live_at_peak(freed_twice)[0] == 5
+
+
+def test_a_cudnn_workspace_is_named_by_its_native_frame():
+    from course_utils.allocator import PeakBlock
+
+    b = PeakBlock(1 << 20, ["c10::cuda::CUDACachingAllocator::malloc (??:0)",
+                            "at::native::cudnn_convolution_backward_weight (Conv_v8.cpp:0)",
+                            "backward (__init__.py:353)", "training_step (train.py:66)"])
+    assert b.where().startswith("at::native::cudnn_convolution_backward_weight")
+    assert "train.py:66" in b.where()

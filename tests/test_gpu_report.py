@@ -21,6 +21,9 @@ def test_dry_run_writes_the_whole_report(tmp_path, capsys):
     assert report["tests"]["ok"] and report["notebooks"]["00_gpu_memory_basics.ipynb"]["errors"] == []
     assert [r["technique"] for r in report["benchmark"]["rows"]] == ["baseline fp32", "autocast fp16"]
     assert len(report["limit"]) == 3
+    assert [r["case"].split(",")[0] for r in report["peaks"]] == ["seed 003 net", "seed 000 small net",
+                                                                   "seed 000 large net"]
+    assert "what is live at the measured peaks" in summary and (tmp_path / "peaks.json").exists()
     with tarfile.open(tmp_path / "gpu-report.tar.gz") as tar:
         names = tar.getnames()
     assert "notebooks/00_gpu_memory_basics.ipynb" in names and "summary.md" in names

@@ -290,6 +290,47 @@ def test_catch_oom_leaves_nothing_alive():
     assert r.error.__traceback__ is None
 
 
+def test_an_oom_in_a_metered_forward_frees_the_graph():
+    """An OOM in the middle of a forward under SavedTensorMeter (what measure_step runs, so what
+    every largest-batch search on a GPU hits) must free what autograd had saved. Old code: the
+    meter's pack hook kept the tensor itself, a cycle through the C++ graph that gc cannot break,
+    so each failed attempt stayed allocated -- on the H100, 4,540 MiB after the first search
+    and about 7,100 MiB after the second, inflating every later benchmark row by as much."""
+    import weakref
+
+    saved = []
+
+    def attempt():
+        model = nn.Sequential(nn.Conv3d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv3d(4, 4, 3, padding=1), nn.ReLU())
+        model[1].register_forward_hook(lambda m, i, out: saved.append(weakref.ref(out)))  # saved by ReLU
+
+        def out_of_memory(*_):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+
+        model[3].register_forward_hook(out_of_memory)
+        with SavedTensorMeter(model.parameters()):
+            model(torch.randn(1, 1, 8, 8, 8)).sum().backward()
+
+    with catch_oom(verbose=False) as r:
+        attempt()
+    gc.collect()
+    assert not r.ok and saved and saved[0]() is None
+
+
+def test_the_meter_keeps_gradients_exact():
+    """The meter hands autograd detached aliases: backward must still give the same gradients."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv3d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv3d(4, 2, 3, padding=1), nn.Sigmoid())
+    x = torch.randn(2, 1, 6, 6, 6)
+    model(x).square().sum().backward()
+    plain = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    with SavedTensorMeter(model.parameters()) as m:
+        model(x).square().sum().backward()
+    assert m.peak > 0
+    assert all(torch.equal(a, p.grad) for a, p in zip(plain, model.parameters()))
+
+
 def test_catch_oom_catches_and_explains(capsys):
     with catch_oom() as r:
         raise torch.OutOfMemoryError(OOM_MESSAGE)
@@ -331,15 +372,35 @@ def test_catch_oom_frees_the_failed_attempt_on_cuda():
 
     torch.cuda.empty_cache()
     before = torch.cuda.memory_allocated()
+
+    def attempt():  # its own frame: a name bound in the test's frame would outlive any with-block
+        keep = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda")  # fits
+        more = torch.empty(2 * 1024 * MiB, dtype=torch.uint8, device="cuda")  # does not
+        return keep, more
+
     with memory_cap(1.0):
         with catch_oom(verbose=False) as r:
-            keep = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda")  # fits
-            more = torch.empty(2 * 1024 * MiB, dtype=torch.uint8, device="cuda")  # does not
+            attempt()
         assert not r.ok
     assert torch.cuda.memory_allocated() == before  # nothing of the attempt survives
     total = torch.cuda.get_device_properties(0).total_memory
     big = torch.empty(int(total * 0.5), dtype=torch.uint8, device="cuda")  # the cap is gone
     del big
+
+
+@pytest.mark.gpu
+def test_a_failed_measure_step_leaves_nothing_allocated():
+    """The benchmark's largest-batch search on a GPU: an attempt that runs out of memory in its
+    forward must leave memory_allocated where it was (the first H100 run: 4,540 MiB stayed)."""
+    from course_utils.memory import measure_step, memory_cap
+
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    with memory_cap(1.0):
+        with catch_oom(verbose=False) as r:  # 16 channels x 64x128x128 x 4 samples: 256 MiB a layer
+            measure_step(lambda: UNet3D(levels=4, channels=16), (4, 1, 64, 128, 128), n_classes=5)
+    assert not r.ok
+    assert torch.cuda.memory_allocated() == before
 
 
 @pytest.mark.gpu
