@@ -62,3 +62,32 @@ def test_the_declared_torch_range_is_the_tested_one():
         str(spec) == f">={lo.major}.{lo.minor},<{hi.major}.{hi.minor + 1}", (spec, lo, hi)
     pin = re.search(r"^torch==(\S+)", (root / "constraints.txt").read_text(), re.M).group(1)
     assert Version(pin) in spec and Version(pin) in passed
+
+
+def test_make_test_emulated_runs_the_notebooks_on_tf32_ranks():
+    """README: `make test-emulated` runs notebooks 08 and 09 and exercise 08's solution with
+    COURSE_EMULATE_TF32=1. Each pytest command of its recipe is collected as written: the
+    notebooks must be selected under the emulation (old recipe: one run with `-m emulated`,
+    which deselected every notebook, so they never ran), and the emulated tests too."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    root = readme.README.parent
+    recipe = subprocess.run(["make", "-n", "-W", "install", "test-emulated"], cwd=root, capture_output=True,
+                            text=True, check=True).stdout.replace("\\\n", " ")
+    selected: dict[str, bool] = {}
+    for line in (ln for ln in recipe.splitlines() if " pytest " in ln):
+        words = shlex.split(line)
+        env = dict(w.split("=", 1) for w in words[:words.index(next(w for w in words if "=" not in w))])
+        args = [w for w in words[len(env) + 1:] if w != "-q"]  # after the interpreter; -q twice lists files only
+        out = subprocess.run([sys.executable, *args, "--collect-only", "-q"], cwd=root, capture_output=True,
+                             text=True, env={**os.environ, **env}).stdout
+        for item in (ln for ln in out.splitlines() if "::" in ln):
+            selected[item] = env.get("COURSE_EMULATE_TF32") == "1"
+    for nb in ("notebooks/08_data_parallel.ipynb", "notebooks/09_model_parallel.ipynb",
+               "solutions/08_data_parallel.ipynb"):
+        cells = [emulated for item, emulated in selected.items() if item.startswith(nb)]
+        assert cells and all(cells), f"make test-emulated does not run {nb} under COURSE_EMULATE_TF32=1"
+    assert any(item.startswith("tests/test_amp_rules.py") for item in selected)
