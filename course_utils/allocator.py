@@ -118,7 +118,12 @@ def record_snapshot(fn: Callable[[], Any], path: str | Path = "snapshots/step.pi
 
 
 # --------------------------------------------------------------------------------------------
-# A model of the caching allocator, for machines without a GPU
+# What is live at a measured peak (needs a GPU to record; the replay runs anywhere)
+# --------------------------------------------------------------------------------------------
+#: frames that name where a block was really asked for: a kernel library or an ATen op
+_NATIVE = ("cudnn", "cublas", "at::native::", "at::_ops::")
+
+
 @dataclass
 class PeakBlock:
     """One allocation live at the peak: its size and where it was made (innermost frame first)."""
@@ -132,9 +137,6 @@ class PeakBlock:
         cpp = [f[:100] for f in self.frames if any(k in f for k in _NATIVE)]
         py = [f for f in self.frames if ".py:" in f]
         return " < ".join(cpp[:1] + py[:n]) or " < ".join(f[:100] for f in self.frames[:n]) or "?"
-
-
-_NATIVE = ("cudnn", "cublas", "at::native::", "at::_ops::")
 
 
 def live_at_peak(trace: list[dict[str, Any]]) -> tuple[int, list[PeakBlock]]:
@@ -177,13 +179,8 @@ def peak_blocks(fn: Callable[[], Any], stacks: str = "all",
     return live_at_peak(snap["device_traces"][0] if snap["device_traces"] else [])
 
 
-def peak_table(blocks: list[PeakBlock], top: int = 12, frames: int = 3):
-    """The largest blocks live at a peak as a table (MiB, where it was made)."""
-    import pandas as pd
-
-    return pd.DataFrame([{"MiB": round(b.size / MiB, 2), "made by": b.where(frames)} for b in blocks[:top]])
-
-
+# --------------------------------------------------------------------------------------------
+# A model of the caching allocator, for machines without a GPU
 # --------------------------------------------------------------------------------------------
 #: constants of c10/cuda/CUDACachingAllocator.cpp
 MIN_BLOCK = 512  # every request is rounded up to a multiple of this

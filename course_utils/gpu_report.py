@@ -153,20 +153,20 @@ def run_peaks(out: Path, dry_run: bool) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"case": name, "predicted peak MiB": round(pred.peak / MiB, 1),
                                "predicted peak in": "{} ({})".format(*pred.log.peak_location)}
         if not dry_run:
-            saved = torch.backends.cudnn.benchmark
+            saved, measured = torch.backends.cudnn.benchmark, {}
             try:
-                for bench in (False, True):
-                    torch.backends.cudnn.benchmark = bench
-                    torch.cuda.empty_cache()
-                    row[f"measured MiB, cudnn.benchmark={bench}"] = round(
-                        measure_step(build, shape, **kw).peak_allocated / MiB, 1)
-                torch.backends.cudnn.benchmark = False
+                torch.backends.cudnn.benchmark = False  # the step recorded: its blocks at the peak
                 torch.cuda.empty_cache()
-                peak, blocks = allocator.peak_blocks(lambda: measure_step(build, shape, **kw))
+                peak, blocks = allocator.peak_blocks(
+                    lambda: measured.__setitem__(False, measure_step(build, shape, **kw)))
+                torch.backends.cudnn.benchmark = True
+                torch.cuda.empty_cache()
+                measured[True] = measure_step(build, shape, **kw)
             finally:
                 torch.backends.cudnn.benchmark = saved
-            row["miss %"] = round(100 * (pred.peak / MiB - row["measured MiB, cudnn.benchmark=False"])
-                                  / row["measured MiB, cudnn.benchmark=False"], 1)
+            for bench, m in measured.items():
+                row[f"measured MiB, cudnn.benchmark={bench}"] = round(m.peak_allocated / MiB, 1)
+            row["miss %"] = round(100 * (pred.peak - measured[False].peak_allocated) / measured[False].peak_allocated, 1)
             row["largest at the peak"] = "; ".join(f"{b.size / MiB:.1f} MiB {b.where(1)}" for b in blocks[:4])
             detail[name] = {"peak over the recording MiB": round(peak / MiB, 1),
                             "blocks": [{"MiB": round(b.size / MiB, 3), "frames": b.frames[:24]} for b in blocks[:20]]}

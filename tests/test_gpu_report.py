@@ -34,3 +34,34 @@ def test_dry_run_writes_the_whole_report(tmp_path, capsys):
 def test_without_a_gpu_and_without_dry_run_it_says_so(tmp_path, capsys):
     assert gpu_report.main([str(tmp_path)]) == 2
     assert "--dry-run" in capsys.readouterr().err
+
+
+def test_the_peaks_step_on_a_gpu_path(tmp_path, monkeypatch):
+    """The GPU branch of the ``peaks`` step, with the two CUDA calls stood in for (it has not run
+    on a GPU yet, and a GPU's minutes are too rare to find a typo with): the autotuner is off for
+    the recorded step and on for the other, and restored; the blocks land in peaks.json."""
+    from course_utils import allocator, memory
+
+    seen = []
+
+    def fake_measure(build, shape, **kw):
+        seen.append(torch.backends.cudnn.benchmark)
+        return memory.CudaPeak(peak_allocated=(300 + 10 * len(seen)) * memory.MiB, peak_reserved=0,
+                               allocated_after=0, reserved_after=0)
+
+    def fake_peak_blocks(fn):
+        fn()
+        return 320 * memory.MiB, [allocator.PeakBlock(48 * memory.MiB, ["at::native::cudnn_convolution (x.cpp:1)"])]
+
+    monkeypatch.setattr(memory, "measure_step", fake_measure)
+    monkeypatch.setattr(allocator, "peak_blocks", fake_peak_blocks)
+    before = torch.backends.cudnn.benchmark
+    rows = gpu_report.run_peaks(tmp_path, dry_run=False)
+    assert torch.backends.cudnn.benchmark == before
+    assert seen == [False, True] * len(rows)
+    first = rows[0]
+    assert first["measured MiB, cudnn.benchmark=False"] == 310 and first["measured MiB, cudnn.benchmark=True"] == 320
+    assert first["miss %"] == pytest.approx(100 * (first["predicted peak MiB"] - 310) / 310, abs=0.1)
+    assert "cudnn_convolution" in first["largest at the peak"]
+    detail = json.loads((tmp_path / "peaks.json").read_text())["blocks at the measured peak"]
+    assert detail[first["case"]]["blocks"][0]["MiB"] == 48

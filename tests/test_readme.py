@@ -69,6 +69,7 @@ def test_make_test_emulated_runs_the_notebooks_on_tf32_ranks():
     COURSE_EMULATE_TF32=1. Each pytest command of its recipe is collected as written: the
     notebooks must be selected under the emulation (old recipe: one run with `-m emulated`,
     which deselected every notebook, so they never ran), and the emulated tests too."""
+    import itertools
     import os
     import shlex
     import subprocess
@@ -80,7 +81,7 @@ def test_make_test_emulated_runs_the_notebooks_on_tf32_ranks():
     selected: dict[str, bool] = {}
     for line in (ln for ln in recipe.splitlines() if " pytest " in ln):
         words = shlex.split(line)
-        env = dict(w.split("=", 1) for w in words[:words.index(next(w for w in words if "=" not in w))])
+        env = dict(w.split("=", 1) for w in itertools.takewhile(lambda w: "=" in w, words))
         args = [w for w in words[len(env) + 1:] if w != "-q"]  # after the interpreter; -q twice lists files only
         out = subprocess.run([sys.executable, *args, "--collect-only", "-q"], cwd=root, capture_output=True,
                              text=True, env={**os.environ, **env}).stdout
