@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lab test test-fast test-grader test-emulated test-compat clean strip
+.PHONY: install lab lint test test-fast test-grader test-emulated test-compat clean strip
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,14 +24,27 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: install
 	$(BIN)/jupyter lab $(ROOT_FLAG) notebooks/
 
-# the whole suite: unit tests and every notebook in notebooks/ (see pytest settings in pyproject.toml)
-test: install
-	$(BIN)/python -m pytest -q
+# pytest on every core (pytest-xdist; conftest.py keeps each notebook on one worker, one torch
+# thread per worker); JOBS=1 runs in one process
+JOBS ?= auto
+XDIST = $(if $(filter 1,$(JOBS)),-p no:xdist,-n $(JOBS) --dist loadgroup)
 
-# the grader end to end: a class of cheating submissions, and real nbgrader (about 10 minutes)
+# ruff (rules in pyproject.toml) and notebooks committed without outputs
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/python tools/check_stripped.py
+
+# the whole suite: lint, unit tests and every notebook in notebooks/ (pyproject.toml's pytest
+# settings); about 6 minutes on 2 cores
+test: lint
+	$(BIN)/python -m pytest -q $(XDIST)
+
+# the grader end to end: a class of cheating submissions, real nbgrader, and every solution notebook
+# executed top to bottom (its check_* cells grade it in the kernel) (about 6-8 minutes)
 test-grader: install
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[grading]"
 	$(BIN)/python -m pytest -q -m grader tests
+	$(BIN)/python -m pytest -q $(XDIST) solutions
 
 # what a GPU computes differently, on the CPU (about 3 minutes): the tests marked `emulated` (the
 # autocast emulation against the real AutocastCUDA kernels on fake CUDA tensors, exercise 08 and
@@ -55,11 +68,11 @@ test-compat:
 
 # unit tests only, no notebooks
 test-fast: install
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q $(XDIST) tests
 
 # remove outputs from every notebook before committing
 strip: install
-	$(BIN)/jupyter nbconvert --clear-output --inplace notebooks/*.ipynb exercises/*.ipynb solutions/*.ipynb
+	$(BIN)/jupyter nbconvert --clear-output --inplace $$(git ls-files '*.ipynb' | grep -v '^docs/gpu-runs/')
 
 clean:
 	rm -rf $(VENV) .venv-torch-* .pytest_cache

@@ -52,10 +52,20 @@ def _log(msg: str) -> None:
     print(f"[gpu_report {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def run_tests(out: Path) -> dict[str, Any]:
-    """The gpu-marked tests (on a CPU they are all skipped: the dry run only checks they collect)."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rP", "-m", "gpu", "-p", "no:cacheprovider",
-           "-o", "addopts=", str(ROOT / "tests"), f"--junitxml={out / 'gpu-tests.xml'}"]
+def tests_command(out: Path) -> list[str]:
+    """The pytest command of the ``tests`` step: the gpu-marked tests, with the printed values of
+    the passing ones (-rP) in the log and a JUnit XML beside it."""
+    return [sys.executable, "-m", "pytest", "-q", "-rP", "-m", "gpu", "-p", "no:cacheprovider",
+            "-p", "no:xdist", "-o", "addopts=", str(ROOT / "tests"), f"--junitxml={out / 'gpu-tests.xml'}"]
+
+
+def run_tests(out: Path, dry_run: bool = False) -> dict[str, Any]:
+    """The gpu-marked tests. A dry run only records the command: on a CPU every one of them is
+    skipped, and ``make test`` already collects them (and says why each is skipped)."""
+    cmd = tests_command(out)
+    if dry_run:
+        return {"returncode": None, "summary": "dry run: not run (gpu-marked tests need a GPU)",
+                "seconds": 0.0, "ok": True, "command": " ".join(cmd)}
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=1800)
     (out / "gpu-tests.log").write_text(proc.stdout + proc.stderr)
@@ -254,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         report["overheads"] = record_overheads(raw)
     if "tests" in steps:
         _log("gpu-marked tests")
-        report["tests"] = run_tests(out)
+        report["tests"] = run_tests(out, args.dry_run)
     if "notebooks" in steps:
         _log("notebooks")
         report["notebooks"] = run_notebooks(out, args.dry_run, args.cell_timeout, args.notebooks)

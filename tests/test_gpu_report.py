@@ -19,6 +19,7 @@ def test_dry_run_writes_the_whole_report(tmp_path, capsys):
     assert "DRY RUN on CPU" in summary and "00_gpu_memory_basics.ipynb" in summary
     report = json.loads((tmp_path / "summary.json").read_text())
     assert report["tests"]["ok"] and report["notebooks"]["00_gpu_memory_basics.ipynb"]["errors"] == []
+    assert report["tests"]["summary"].startswith("dry run") and "-m gpu" in report["tests"]["command"]
     assert [r["technique"] for r in report["benchmark"]["rows"]] == ["baseline fp32", "autocast fp16"]
     assert len(report["limit"]) == 3
     assert [r["case"].split(",")[0] for r in report["peaks"]] == ["seed 003 net", "seed 000 small net",
@@ -28,6 +29,29 @@ def test_dry_run_writes_the_whole_report(tmp_path, capsys):
         names = tar.getnames()
     assert "notebooks/00_gpu_memory_basics.ipynb" in names and "summary.md" in names
     assert any(n.startswith("repo/benchmarks/results/") for n in names)
+
+
+def test_the_tests_step_on_a_gpu_runs_the_gpu_marked_tests(tmp_path, monkeypatch):
+    """The ``tests`` step's GPU branch without a nested pytest (the dry run spawns none): the
+    command it runs, its log, and how a failure reads."""
+    import subprocess
+
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, fake_run.rc, stdout=fake_run.stdout, stderr="")
+
+    monkeypatch.setattr(gpu_report.subprocess, "run", fake_run)
+    fake_run.rc, fake_run.stdout = 0, "....\n27 passed in 35.0s\n"
+    got = gpu_report.run_tests(tmp_path)
+    cmd = calls[0]
+    assert cmd[cmd.index("-m", 3) + 1] == "gpu" and "-rP" in cmd and "no:xdist" in cmd
+    assert any(c.startswith("--junitxml=") for c in cmd)
+    assert got["ok"] and got["summary"] == "27 passed in 35.0s"
+    assert (tmp_path / "gpu-tests.log").read_text().startswith("....")
+    fake_run.rc, fake_run.stdout = 1, "F...\n1 failed, 26 passed in 35.0s\n"
+    assert not gpu_report.run_tests(tmp_path)["ok"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")

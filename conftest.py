@@ -1,0 +1,34 @@
+"""Settings for every pytest run of the repository (tests/, notebooks/, solutions/).
+
+``make test`` runs pytest on all cores with pytest-xdist (``-n auto --dist loadgroup``). Two things
+make that safe and fast here:
+
+* a notebook's cells run in order in one kernel, so all the cells of one notebook form one
+  xdist group (one worker runs them, in order); the unit tests spread freely;
+* each worker (and every kernel or rank it starts) uses one torch thread: two workers with two
+  threads each on two cores would fight over them.
+"""
+
+import os
+
+import pytest
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # before torch is imported anywhere in this worker; kernels and spawned ranks inherit it
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+def pytest_configure(config):
+    # known without pytest-xdist too (a GPU machine's bare pytest), so no unknown-mark warning
+    config.addinivalue_line("markers", "xdist_group(name): run these tests on one xdist worker, in order")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = str(item.path)
+        if path.endswith(".ipynb"):
+            item.add_marker(pytest.mark.xdist_group(name=os.path.relpath(path, config.rootpath)))

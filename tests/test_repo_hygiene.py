@@ -1,0 +1,57 @@
+"""The habits `make lint` enforces (part of `make test`): ruff's rules and stripped notebooks."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import check_stripped  # noqa: E402
+
+
+def _nb(path, outputs, count):
+    cell = {"cell_type": "code", "metadata": {}, "source": "1 + 1", "outputs": outputs, "execution_count": count}
+    path.write_text(json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    return path
+
+
+def test_check_stripped_flags_outputs_and_counts_and_names_the_fix(tmp_path, capsys):
+    out = [{"output_type": "execute_result", "data": {"text/plain": "2"}, "metadata": {}, "execution_count": 1}]
+    dirty, counted, clean = (_nb(tmp_path / "a.ipynb", out, 1), _nb(tmp_path / "b.ipynb", [], 3),
+                             _nb(tmp_path / "c.ipynb", [], None))
+    assert check_stripped.problems(dirty) == ["cell 0: outputs and execution_count"]
+    assert check_stripped.problems(counted) == ["cell 0: execution_count"]
+    assert check_stripped.problems(clean) == []
+    assert check_stripped.main([str(dirty), str(clean)]) == 1
+    assert "make strip" in capsys.readouterr().out
+    assert check_stripped.main([str(clean)]) == 0
+
+
+def test_every_committed_notebook_is_stripped_and_recorded_runs_are_exempt():
+    paths = check_stripped.tracked_notebooks()
+    names = {p.relative_to(ROOT).as_posix() for p in paths}
+    assert {"notebooks", "exercises", "solutions"} <= {n.split("/")[0] for n in names}
+    assert not any(n.startswith("docs/gpu-runs/") for n in names)
+    assert {str(p): check_stripped.problems(p) for p in paths if check_stripped.problems(p)} == {}
+
+
+def _recipe(target):
+    return subprocess.run(["make", "-n", "-B", target, "STAMP=/dev/null", "BIN=B"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout
+
+
+def test_make_test_lints_first_and_runs_on_every_core():
+    lines = [ln for ln in _recipe("test").splitlines() if ln.startswith("B/") and " pip " not in ln]
+    assert lines[0] == "B/ruff check ." and lines[1] == "B/python tools/check_stripped.py"
+    assert "-n auto --dist loadgroup" in lines[-1] and "pytest" in lines[-1]
+    one = subprocess.run(["make", "-n", "-B", "test", "STAMP=/dev/null", "BIN=B", "JOBS=1"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    assert "-p no:xdist" in one.splitlines()[-1]
+
+
+def test_ruff_rule_set_is_the_documented_one():
+    import tomllib
+
+    lint = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]["lint"]
+    assert set(lint["select"]) == {"F", "E9", "B006", "B905"}

@@ -1,0 +1,66 @@
+"""Fails when a committed notebook carries outputs (``make lint``, part of ``make test``).
+
+Notebooks are committed stripped: outputs are machine-specific (timings, memory addresses, a CPU
+learner's "predicted" where a GPU says "measured"), make diffs unreadable and can leak a
+solution's results into an exercise. Recorded results meant to be read without running live
+under docs/gpu-runs/ and are exempt. Fix: ``make strip`` (or ``jupyter nbconvert
+--clear-output --inplace FILE``).
+
+    python tools/check_stripped.py [FILE ...]     # default: every tracked .ipynb
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXEMPT = ("docs/gpu-runs/",)
+
+
+def tracked_notebooks(root: Path = ROOT) -> list[Path]:
+    """Every .ipynb git tracks (every .ipynb under root outside hidden/build folders without git)."""
+    try:
+        out = subprocess.run(["git", "ls-files", "*.ipynb"], cwd=root, capture_output=True, text=True,
+                             check=True).stdout
+        names = out.split()
+    except (OSError, subprocess.CalledProcessError):
+        names = [str(p.relative_to(root)) for p in root.rglob("*.ipynb")
+                 if not any(part.startswith(".") or part == "build" for part in p.relative_to(root).parts)]
+    return [root / n for n in sorted(names) if not n.startswith(EXEMPT)]
+
+
+def problems(path: Path) -> list[str]:
+    """What is not stripped in one notebook, one line per cell."""
+    nb = json.loads(path.read_text())
+    found = []
+    for i, cell in enumerate(nb.get("cells", [])):
+        if cell.get("cell_type") != "code":
+            continue
+        what = [w for w, bad in (("outputs", cell.get("outputs")),
+                                 ("execution_count", cell.get("execution_count") is not None)) if bad]
+        if what:
+            found.append(f"cell {i}: {' and '.join(what)}")
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    paths = [Path(a).resolve() for a in argv] or tracked_notebooks()
+    bad = {p: problems(p) for p in paths}
+    bad = {p: b for p, b in bad.items() if b}
+    for p, b in bad.items():
+        shown = "; ".join(b[:3]) + (f"; ... {len(b) - 3} more" if len(b) > 3 else "")
+        print(f"{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}: not stripped ({shown})")
+    if bad:
+        print(f"{len(bad)} notebook(s) carry outputs. Fix: make strip "
+              "(or jupyter nbconvert --clear-output --inplace FILE), then commit again.")
+        return 1
+    print(f"{len(paths)} notebooks, all stripped")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
