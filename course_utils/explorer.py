@@ -19,7 +19,7 @@ controls with a stacked bar. How it stays fast enough to move a slider, and what
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -97,6 +97,15 @@ def _check_key(name: str, value: Any, labels: dict[str, str]) -> None:
     raise ValueError(f"{name} must be one of {list(labels)}, got {value!r}")
 
 
+#: the Config fields a cached prediction does not depend on: the batch and the ranks scale it,
+#: the budget is compared with it. Every other field is part of ``Config.model_key``.
+NOT_IN_MODEL_KEY = frozenset({"batch", "dp_ranks", "budget_gib"})
+#: and the fields the counted FLOPs do not depend on besides (``_flops``): precision and the
+#: activation switches change dtypes, in-place writes and where saved tensors live, not the
+#: convolutions and matrix products FlopCounterMode counts
+_NOT_IN_FLOPS_KEY = NOT_IN_MODEL_KEY | {"precision", "inplace_relu", "inplace_abn", "lean_up", "offload"}
+
+
 @dataclass(frozen=True)
 class Config:
     """One configuration of the explorer. ``precision`` is a key of ``PRECISIONS`` and
@@ -121,11 +130,14 @@ class Config:
         _check_key("precision", self.precision, PRECISION_LABELS)
         _check_key("checkpointing", self.checkpointing, CHECKPOINTING_LABELS)
 
+    def _key(self, leave_out: frozenset[str]) -> tuple:
+        return tuple((f.name, tuple(v) if isinstance(v := getattr(self, f.name), list) else v)
+                     for f in fields(self) if f.name not in leave_out)
+
     def model_key(self) -> tuple:
-        """What the cached predictions depend on (not batch, ranks or budget)."""
-        return (self.levels, self.base_channels, tuple(self.volume), self.precision,
-                self.inplace_relu, self.inplace_abn, self.checkpointing, self.seed000, self.lean_up,
-                self.offload)
+        """What the cached predictions depend on: (name, value) of every field but
+        ``NOT_IN_MODEL_KEY`` (batch, ranks, budget)."""
+        return self._key(NOT_IN_MODEL_KEY)
 
     def describe(self) -> str:
         """The configuration in words, e.g. 'autocast fp16 + in-place ReLU + checkpointing every level'."""
@@ -176,17 +188,11 @@ PARTS = {"params": ("Parameter", "Buffer"), "grads": ("Gradient",), "optimizer":
          "activations": ("Activation",), "temporaries": ("Temp", "Other")}
 
 
-def _config_of(key: tuple) -> Config:
-    return Config(levels=key[0], base_channels=key[1], volume=key[2], precision=key[3],
-                  inplace_relu=key[4], inplace_abn=key[5], checkpointing=key[6], seed000=key[7],
-                  lean_up=key[8], offload=key[9])
-
-
 @functools.lru_cache(maxsize=256)
 def _probe(key: tuple) -> dict[str, Any]:
     """The configuration's steady-state step predicted at the probe batch: each part of the peak
     as (fixed bytes, bytes per sample), and the saved-for-backward bytes."""
-    cfg = _config_of(key)
+    cfg = Config(**dict(key))
     dtype, ac = PRECISIONS[cfg.precision]
     p = predict_step(lambda: build(cfg), (PROBE_BATCH, 1, *cfg.volume), n_classes=5, dtype=dtype,
                      autocast_dtype=ac, module_peaks=False)
@@ -314,8 +320,7 @@ def _flops(key: tuple) -> int:
     """FLOPs of one training step at the probe batch (forward, backward, recomputation)."""
     from .checkpointing import step_flops
 
-    cfg = Config(levels=key[0], base_channels=key[1], volume=key[2], checkpointing=key[3],
-                 seed000=key[4], precision="fp32")
+    cfg = Config(**dict(key))  # the fields left out of the key keep their defaults
     return step_flops(lambda: build(cfg), (PROBE_BATCH, 1, *cfg.volume))
 
 
@@ -337,7 +342,7 @@ def step_cost(cfg: Config) -> Cost:
 
     _validate(cfg)
     local = -(-cfg.batch // cfg.dp_ranks)
-    flops = _flops((cfg.levels, cfg.base_channels, tuple(cfg.volume), cfg.checkpointing, cfg.seed000))
+    flops = _flops(cfg._key(_NOT_IN_FLOPS_KEY))
     flops = int(flops * local / PROBE_BATCH)
     moved = 0
     if cfg.offload:

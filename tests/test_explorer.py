@@ -64,6 +64,30 @@ def test_techniques_lower_the_estimate():
         assert estimate(replace(SMALL, batch=4, **kw)).total < base, kw
 
 
+def test_every_field_is_in_the_cache_key_or_named_as_left_out():
+    """A field added to Config is part of the cached prediction's key unless it is put in
+    NOT_IN_MODEL_KEY on purpose: it cannot silently share another configuration's prediction."""
+    from dataclasses import dataclass, fields
+
+    from course_utils.explorer import NOT_IN_MODEL_KEY
+
+    names = {f.name for f in fields(Config)}
+    keyed = [name for name, _ in SMALL.model_key()]
+    assert NOT_IN_MODEL_KEY == {"batch", "dp_ranks", "budget_gib"} and NOT_IN_MODEL_KEY < names
+    assert set(keyed) == names - NOT_IN_MODEL_KEY and len(keyed) == len(set(keyed))
+    assert replace(SMALL, batch=5, dp_ranks=3, budget_gib=40).model_key() == SMALL.model_key()
+    for name, value in (("levels", 4), ("volume", (8, 32, 32)), ("precision", "autocast_fp16"),
+                        ("inplace_relu", True), ("inplace_abn", True), ("checkpointing", "conv"),
+                        ("seed000", True), ("lean_up", True), ("offload", True), ("base_channels", 16)):
+        assert replace(SMALL, **{name: value}).model_key() != SMALL.model_key(), name
+
+    @dataclass(frozen=True)
+    class Wider(Config):
+        kernel: int = 3  # a new switch of the model
+
+    assert Wider(kernel=5).model_key() != Wider(kernel=3).model_key()
+
+
 def test_seed000_configs_use_the_exact_nets():
     from course_utils import count_parameters
 
