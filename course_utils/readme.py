@@ -159,8 +159,8 @@ def _seed004_checkpointing() -> tuple[str, str]:
     from .unet import seed000_unet
 
     t = technique_table({"none": lambda: seed000_unet("large"),
-                         "level": lambda: seed000_unet("large", checkpoint_levels=True),
-                         "selective": lambda: seed000_unet("large", checkpoint_levels=True,
+                         "level": lambda: seed000_unet("large", checkpoint="level"),
+                         "selective": lambda: seed000_unet("large", checkpoint="level",
                                                            checkpoint_policy=save_convolutions)},
                         (2, 1, *SEED000_VOLUME), dtype=torch.float16)
     p = dict(zip(t.variant, t["peak vs baseline %"]))
