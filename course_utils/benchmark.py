@@ -30,26 +30,26 @@ from .memory import GiB, MiB, catch_oom, largest_that_fits, measure_step, memory
 
 TECHNIQUES: dict[str, dict[str, Any]] = {
     "baseline fp32": dict(precision="fp32"),
-    "fp16 model (seed 000)": dict(precision="fp16 model (seed 000)"),
-    "autocast fp16": dict(precision="autocast fp16"),
-    "autocast bf16": dict(precision="autocast bf16"),
+    "fp16 model (seed 000)": dict(precision="fp16_model"),
+    "autocast fp16": dict(precision="autocast_fp16"),
+    "autocast bf16": dict(precision="autocast_bf16"),
     "in-place ReLU": dict(precision="fp32", inplace_relu=True),
     "In-Place ABN": dict(precision="fp32", inplace_abn=True),
-    "checkpointing": dict(precision="fp32", checkpointing="every level"),
-    "checkpointing every DoubleConv": dict(precision="fp32", checkpointing="every DoubleConv"),
-    "checkpointing every conv": dict(precision="fp32", checkpointing="every conv"),
+    "checkpointing": dict(precision="fp32", checkpointing="level"),
+    "checkpointing every DoubleConv": dict(precision="fp32", checkpointing="double_conv"),
+    "checkpointing every conv": dict(precision="fp32", checkpointing="conv"),
     "offload to host": dict(precision="fp32", offload=True),
-    "selective checkpointing": dict(precision="fp32", checkpointing="selective (save convs)"),
-    "autocast fp16 + in-place ReLU + checkpointing": dict(precision="autocast fp16", inplace_relu=True,
-                                                          checkpointing="every level"),
-    "autocast fp16 + In-Place ABN": dict(precision="autocast fp16", inplace_abn=True),
-    "autocast fp16 + In-Place ABN + checkpointing": dict(precision="autocast fp16", inplace_abn=True,
-                                                         checkpointing="every level"),
-    "autocast fp16 + lean Up": dict(precision="autocast fp16", lean_up=True),
+    "selective checkpointing": dict(precision="fp32", checkpointing="selective"),
+    "autocast fp16 + in-place ReLU + checkpointing": dict(precision="autocast_fp16", inplace_relu=True,
+                                                          checkpointing="level"),
+    "autocast fp16 + In-Place ABN": dict(precision="autocast_fp16", inplace_abn=True),
+    "autocast fp16 + In-Place ABN + checkpointing": dict(precision="autocast_fp16", inplace_abn=True,
+                                                         checkpointing="level"),
+    "autocast fp16 + lean Up": dict(precision="autocast_fp16", lean_up=True),
     "autocast fp16 + lean Up + In-Place ABN + checkpointing": dict(
-        precision="autocast fp16", lean_up=True, inplace_abn=True, checkpointing="every level"),
+        precision="autocast_fp16", lean_up=True, inplace_abn=True, checkpointing="level"),
     "autocast fp16 + lean Up + In-Place ABN + offload": dict(
-        precision="autocast fp16", lean_up=True, inplace_abn=True, offload=True),
+        precision="autocast_fp16", lean_up=True, inplace_abn=True, offload=True),
 }
 NETS = {"large": 5, "small": 4}
 

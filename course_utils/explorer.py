@@ -19,7 +19,7 @@ controls with a stacked bar. How it stays fast enough to move a slider, and what
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -29,17 +29,23 @@ from .inplace_abn import inplace_abn
 from .memory import GiB, MiB, predict_step
 from .unet import UNet3D, bn_relu, bn_relu_inplace, default_channels
 
+#: precision key -> (dtype of the model, autocast dtype or None). Code uses the keys;
+#: widgets, ``Config.describe`` and plots show ``PRECISION_LABELS``.
 PRECISIONS = {
     "fp32": (torch.float32, None),
-    "fp16 model (seed 000)": (torch.float16, None),
-    "autocast fp16": (torch.float32, torch.float16),
-    "autocast bf16": (torch.float32, torch.bfloat16),
+    "fp16_model": (torch.float16, None),  # the model built in fp16, as seed 000 did
+    "autocast_fp16": (torch.float32, torch.float16),
+    "autocast_bf16": (torch.float32, torch.bfloat16),
 }
-CHECKPOINTING = ("none", "every level", "every DoubleConv", "every conv", "selective (save convs)")
-#: the UNet3D options each checkpointing choice means
-_CHECKPOINT_ARGS = {"none": {}, "every level": {"checkpoint": "level"},
-                    "every DoubleConv": {"checkpoint": "double_conv"}, "every conv": {"checkpoint": "conv"},
-                    "selective (save convs)": {"checkpoint": "level", "checkpoint_policy": save_convolutions}}
+PRECISION_LABELS = {"fp32": "fp32", "fp16_model": "fp16 model (seed 000)", "autocast_fp16": "autocast fp16",
+                    "autocast_bf16": "autocast bf16"}
+#: checkpointing key -> the UNet3D options it means
+_CHECKPOINT_ARGS = {"none": {}, "level": {"checkpoint": "level"}, "double_conv": {"checkpoint": "double_conv"},
+                    "conv": {"checkpoint": "conv"},
+                    "selective": {"checkpoint": "level", "checkpoint_policy": save_convolutions}}
+CHECKPOINTING = tuple(_CHECKPOINT_ARGS)  # ("none", "level", "double_conv", "conv", "selective")
+CHECKPOINTING_LABELS = {"none": "none", "level": "every level", "double_conv": "every DoubleConv",
+                        "conv": "every conv", "selective": "selective (save convs)"}
 BUDGETS_GIB = (8, 12, 16, 24, 40, 80)
 #: the batch each configuration is predicted at (BatchNorm needs 2 values per channel: a
 #: 1-voxel deepest level at batch 1 would fail); other batches are scaled from it
@@ -80,13 +86,37 @@ def overheads() -> Overheads:
         "shows reserved/allocated of 1.05-1.10 at its peaks)")
 
 
+def _check_key(name: str, value: Any, labels: dict[str, str]) -> None:
+    """Raise ValueError unless ``value`` is one of ``labels``' keys; a display label names its key."""
+    if value in labels:
+        return
+    keys = {label: key for key, label in labels.items()}
+    if value in keys:
+        raise ValueError(f"{name}={value!r} is a display label, not a key: write {name}={keys[value]!r} "
+                         f"(keys: {list(labels)})")
+    raise ValueError(f"{name} must be one of {list(labels)}, got {value!r}")
+
+
+#: the Config fields a cached prediction does not depend on: the batch and the ranks scale it,
+#: the budget is compared with it. Every other field is part of ``Config.model_key``.
+NOT_IN_MODEL_KEY = frozenset({"batch", "dp_ranks", "budget_gib"})
+#: and the fields the counted FLOPs do not depend on besides (``_flops``): precision and the
+#: activation switches change dtypes, in-place writes and where saved tensors live, not the
+#: convolutions and matrix products FlopCounterMode counts
+_NOT_IN_FLOPS_KEY = NOT_IN_MODEL_KEY | {"precision", "inplace_relu", "inplace_abn", "lean_up", "offload"}
+
+
 @dataclass(frozen=True)
 class Config:
+    """One configuration of the explorer. ``precision`` is a key of ``PRECISIONS`` and
+    ``checkpointing`` one of ``CHECKPOINTING`` (their labels: ``PRECISION_LABELS``,
+    ``CHECKPOINTING_LABELS``)."""
+
     levels: int = 5
     base_channels: int = 64
     volume: tuple[int, int, int] = (26, 150, 320)
     batch: int = 2  # global batch
-    precision: str = "fp16 model (seed 000)"
+    precision: str = "fp16_model"
     inplace_relu: bool = False
     inplace_abn: bool = False
     checkpointing: str = "none"
@@ -96,36 +126,40 @@ class Config:
     lean_up: bool = False  # Up casts the upsampled map to the skip's dtype at once (notebook 04)
     offload: bool = False  # saved activations go to host memory (save_on_cpu, notebook 07)
 
+    def __post_init__(self):
+        _check_key("precision", self.precision, PRECISION_LABELS)
+        _check_key("checkpointing", self.checkpointing, CHECKPOINTING_LABELS)
+
+    def _key(self, leave_out: frozenset[str]) -> tuple:
+        return tuple((f.name, tuple(v) if isinstance(v := getattr(self, f.name), list) else v)
+                     for f in fields(self) if f.name not in leave_out)
+
     def model_key(self) -> tuple:
-        """What the cached predictions depend on (not batch, ranks or budget)."""
-        return (self.levels, self.base_channels, tuple(self.volume), self.precision,
-                self.inplace_relu, self.inplace_abn, self.checkpointing, self.seed000, self.lean_up,
-                self.offload)
+        """What the cached predictions depend on: (name, value) of every field but
+        ``NOT_IN_MODEL_KEY`` (batch, ranks, budget)."""
+        return self._key(NOT_IN_MODEL_KEY)
 
     def describe(self) -> str:
-        """The configuration in words, e.g. 'autocast fp16 + in-place ReLU + checkpointing'."""
-        parts = [self.precision] + [name for on, name in ((self.lean_up, "lean Up"),
-                                                          (self.inplace_relu, "in-place ReLU"),
-                                                          (self.inplace_abn, "In-Place ABN")) if on]
-        if self.checkpointing.startswith("selective"):
+        """The configuration in words, e.g. 'autocast fp16 + in-place ReLU + checkpointing every level'."""
+        switches = ((self.lean_up, "lean Up"), (self.inplace_relu, "in-place ReLU"),
+                    (self.inplace_abn, "In-Place ABN"))
+        parts = [PRECISION_LABELS[self.precision]] + [name for on, name in switches if on]
+        if self.checkpointing == "selective":
             parts.append("selective checkpointing (save convs)")
         elif self.checkpointing != "none":
-            parts.append(f"checkpointing {self.checkpointing}")
+            parts.append(f"checkpointing {CHECKPOINTING_LABELS[self.checkpointing]}")
         if self.offload:
             parts.append("offload to host")
         return " + ".join(parts)
 
 
 def _validate(cfg: Config) -> None:
-    if cfg.precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {cfg.precision!r}")
-    if cfg.checkpointing not in CHECKPOINTING:
-        raise ValueError(f"checkpointing must be one of {list(CHECKPOINTING)}, got {cfg.checkpointing!r}")
-    if cfg.inplace_abn and cfg.checkpointing.startswith("selective"):
+    """The combinations a valid Config cannot have (its keys are checked when it is made)."""
+    if cfg.inplace_abn and cfg.checkpointing == "selective":
         raise ValueError(
             "selective checkpointing keeps each convolution's output, and In-Place ABN overwrites "
             "that output in place (PyTorch refuses: 'Tensor cached during selective activation "
-            "checkpoint has been mutated'). Use full checkpointing ('every level') with In-Place ABN."
+            "checkpoint has been mutated'). Use full checkpointing (checkpointing='level') with In-Place ABN."
         )
     if cfg.inplace_abn and cfg.inplace_relu:
         raise ValueError("In-Place ABN replaces BatchNorm + ReLU: switch in-place ReLU off with it")
@@ -154,17 +188,11 @@ PARTS = {"params": ("Parameter", "Buffer"), "grads": ("Gradient",), "optimizer":
          "activations": ("Activation",), "temporaries": ("Temp", "Other")}
 
 
-def _config_of(key: tuple) -> Config:
-    return Config(levels=key[0], base_channels=key[1], volume=key[2], precision=key[3],
-                  inplace_relu=key[4], inplace_abn=key[5], checkpointing=key[6], seed000=key[7],
-                  lean_up=key[8], offload=key[9])
-
-
 @functools.lru_cache(maxsize=256)
 def _probe(key: tuple) -> dict[str, Any]:
     """The configuration's steady-state step predicted at the probe batch: each part of the peak
     as (fixed bytes, bytes per sample), and the saved-for-backward bytes."""
-    cfg = _config_of(key)
+    cfg = Config(**dict(key))
     dtype, ac = PRECISIONS[cfg.precision]
     p = predict_step(lambda: build(cfg), (PROBE_BATCH, 1, *cfg.volume), n_classes=5, dtype=dtype,
                      autocast_dtype=ac, module_peaks=False)
@@ -211,6 +239,8 @@ class Estimate:
         return self.card_needs <= self.config.budget_gib * GiB
 
     def row(self) -> dict[str, Any]:
+        """One table row; ``precision`` and ``checkpointing`` hold keys, so a row can be turned back
+        into a Config (notebook 10)."""
         c = self.config
         return {"precision": c.precision, "lean Up": c.lean_up, "in-place ReLU": c.inplace_relu,
                 "In-Place ABN": c.inplace_abn, "offload": c.offload,
@@ -252,7 +282,7 @@ def table(configs: list[Config]):
 
 
 #: the checkpointing choices of notebooks 07 and 10's first table (finer ones: ``CHECKPOINTING``)
-BASIC_CHECKPOINTING = ("none", "every level", "selective (save convs)")
+BASIC_CHECKPOINTING = ("none", "level", "selective")
 
 
 def all_combinations(base: Config, precisions=None, lean_up=(False,), checkpointing=BASIC_CHECKPOINTING,
@@ -260,15 +290,21 @@ def all_combinations(base: Config, precisions=None, lean_up=(False,), checkpoint
     """Every valid combination of precision x activation trick x checkpointing (x lean Up and
     offload, for the values given), on ``base``. In-Place ABN with selective checkpointing is
     left out (they cannot be combined), and lean Up is only tried under autocast (elsewhere the
-    upsampled map already has the skip's dtype)."""
+    upsampled map already has the skip's dtype). ``precisions`` and ``checkpointing`` are keys
+    (``PRECISIONS``, ``CHECKPOINTING``)."""
+    precisions = list(precisions or PRECISIONS)
+    for prec in precisions:
+        _check_key("precisions", prec, PRECISION_LABELS)
+    for ck in checkpointing:
+        _check_key("checkpointing", ck, CHECKPOINTING_LABELS)
     out = []
-    for prec in precisions or PRECISIONS:
+    for prec in precisions:
         for lean in lean_up:
             if lean and PRECISIONS[prec][1] is None:
                 continue
             for relu, abn in ((False, False), (True, False), (False, True)):
                 for ck in checkpointing:
-                    if abn and ck.startswith("selective"):
+                    if abn and ck == "selective":
                         continue
                     for off in offload:
                         out.append(replace(base, precision=prec, inplace_relu=relu, inplace_abn=abn,
@@ -284,8 +320,7 @@ def _flops(key: tuple) -> int:
     """FLOPs of one training step at the probe batch (forward, backward, recomputation)."""
     from .checkpointing import step_flops
 
-    cfg = Config(levels=key[0], base_channels=key[1], volume=key[2], checkpointing=key[3],
-                 seed000=key[4], precision="fp32")
+    cfg = Config(**dict(key))  # the fields left out of the key keep their defaults
     return step_flops(lambda: build(cfg), (PROBE_BATCH, 1, *cfg.volume))
 
 
@@ -307,7 +342,7 @@ def step_cost(cfg: Config) -> Cost:
 
     _validate(cfg)
     local = -(-cfg.batch // cfg.dp_ranks)
-    flops = _flops((cfg.levels, cfg.base_channels, tuple(cfg.volume), cfg.checkpointing, cfg.seed000))
+    flops = _flops(cfg._key(_NOT_IN_FLOPS_KEY))
     flops = int(flops * local / PROBE_BATCH)
     moved = 0
     if cfg.offload:
@@ -379,11 +414,13 @@ def explorer(start: Config = Config()):
         "h": w.IntSlider(s.volume[1], min=16, max=512, step=2, description="H"),
         "w": w.IntSlider(s.volume[2], min=16, max=512, step=2, description="W"),
         "batch": w.IntSlider(s.batch, min=1, max=64, description="batch"),
-        "precision": w.Dropdown(options=list(PRECISIONS), value=s.precision, description="precision"),
+        "precision": w.Dropdown(options=[(label, key) for key, label in PRECISION_LABELS.items()],
+                                value=s.precision, description="precision"),
         "inplace_relu": w.Checkbox(s.inplace_relu, description="in-place ReLU"),
         "lean_up": w.Checkbox(s.lean_up, description="lean Up"),
         "inplace_abn": w.Checkbox(s.inplace_abn, description="In-Place ABN"),
-        "checkpointing": w.Dropdown(options=list(CHECKPOINTING), value=s.checkpointing, description="checkpoint"),
+        "checkpointing": w.Dropdown(options=[(label, key) for key, label in CHECKPOINTING_LABELS.items()],
+                                    value=s.checkpointing, description="checkpoint"),
         "dp_ranks": w.IntSlider(s.dp_ranks, min=1, max=8, description="DP ranks"),
         "budget_gib": w.Dropdown(options=list(BUDGETS_GIB), value=s.budget_gib, description="card GiB"),
     }

@@ -159,8 +159,8 @@ def _seed004_checkpointing() -> tuple[str, str]:
     from .unet import seed000_unet
 
     t = technique_table({"none": lambda: seed000_unet("large"),
-                         "level": lambda: seed000_unet("large", checkpoint_levels=True),
-                         "selective": lambda: seed000_unet("large", checkpoint_levels=True,
+                         "level": lambda: seed000_unet("large", checkpoint="level"),
+                         "selective": lambda: seed000_unet("large", checkpoint="level",
                                                            checkpoint_policy=save_convolutions)},
                         (2, 1, *SEED000_VOLUME), dtype=torch.float16)
     p = dict(zip(t.variant, t["peak vs baseline %"]))
@@ -209,11 +209,11 @@ def _capstone() -> tuple[str, str]:
     from . import explorer as ex
 
     base = ex.Config()
-    safe = ex.all_combinations(base, precisions=["fp32", "autocast fp16"], lean_up=(False, True))
+    safe = ex.all_combinations(base, precisions=["fp32", "autocast_fp16"], lean_up=(False, True))
     best = max(safe, key=lambda c: ex.estimate(c).largest_batch)
-    frontier = [replace(base, precision="autocast fp16", lean_up=True, inplace_abn=abn, checkpointing=ck, offload=off)
+    frontier = [replace(base, precision="autocast_fp16", lean_up=True, inplace_abn=abn, checkpointing=ck, offload=off)
                 for abn in (False, True) for ck in ex.CHECKPOINTING for off in (False, True)
-                if not (abn and ck.startswith("selective"))]
+                if not (abn and ck == "selective")]
     top = max(frontier, key=lambda c: (ex.estimate(c).largest_batch, -ex.step_cost(replace(c, batch=8)).seconds))
     return (f"{ex.estimate(base).largest_batch} (fp16 model, as seed 000) -> {ex.estimate(best).largest_batch} "
             f"({best.describe()}) -> {ex.estimate(top).largest_batch} ({top.describe()}; estimated "

@@ -157,12 +157,13 @@ class UNet3D(nn.Module):
         decoder_channels: output width of each ``Up`` block, deepest first; default
             ``default_decoder_channels``.
         norm_act: the norm + activation factory used in every DoubleConv (default BN + ReLU).
-        checkpoint_levels: recompute each block in backward instead of storing its activations
-            (``torch.utils.checkpoint``, non-reentrant; notebook 07). The same as
-            ``checkpoint="level"``.
-        checkpoint: the checkpointing granularity: None (off), ``"level"`` (each block: inc,
-            each Down, each Up), ``"double_conv"`` (each DoubleConv; pooling, upsampling and
-            concatenation stay outside) or ``"conv"`` (each conv -> norm -> activation unit).
+        checkpoint_levels: removed; raises a TypeError naming ``checkpoint="level"``, its one
+            spelling now.
+        checkpoint: recompute blocks in backward instead of storing their activations
+            (``torch.utils.checkpoint``, non-reentrant; notebook 07), at this granularity: None
+            (off), ``"level"`` (each block: inc, each Down, each Up), ``"double_conv"`` (each
+            DoubleConv; pooling, upsampling and concatenation stay outside) or ``"conv"`` (each
+            conv -> norm -> activation unit).
         checkpoint_policy: a selective-checkpointing policy (e.g.
             ``checkpointing.save_convolutions``): what to store inside a checkpointed block
             (``"level"`` only).
@@ -186,7 +187,7 @@ class UNet3D(nn.Module):
         in_channels: int = 1,
         decoder_channels: Sequence[int] | None = None,
         norm_act: NormAct | None = None,
-        checkpoint_levels: bool = False,
+        checkpoint_levels: None = None,  # removed (keeps its place for positional callers)
         checkpoint_policy: Callable | None = None,
         checkpoint_fix_bn: bool = True,
         lean_up: bool = False,
@@ -194,16 +195,14 @@ class UNet3D(nn.Module):
         offload_activations: bool = False,
     ):
         super().__init__()
+        if checkpoint_levels is not None:
+            raise TypeError(f"UNet3D(checkpoint_levels={checkpoint_levels!r}) is no longer accepted: "
+                            "write checkpoint=\"level\" (what checkpoint_levels=True meant), or leave "
+                            "checkpoint out for no checkpointing")
         if checkpoint not in self.CHECKPOINT_MODES:
             raise ValueError(f"checkpoint must be one of {self.CHECKPOINT_MODES}, got {checkpoint!r}")
-        if checkpoint_levels and checkpoint not in (None, "level"):
-            raise ValueError(f"checkpoint_levels=True means checkpoint='level'; got also "
-                             f"checkpoint={checkpoint!r}: pass one of them")
-        if checkpoint_levels:
-            checkpoint = "level"
         if checkpoint_policy is not None and checkpoint != "level":
-            raise ValueError("checkpoint_policy (selective checkpointing) needs checkpoint='level' "
-                             "(or checkpoint_levels=True)")
+            raise ValueError("checkpoint_policy (selective checkpointing) needs checkpoint='level'")
         if levels < 2:
             raise ValueError(f"a U-Net needs at least 2 levels, got levels={levels}")
         enc = default_channels(levels, channels) if isinstance(channels, int) else tuple(channels)
@@ -219,7 +218,6 @@ class UNet3D(nn.Module):
         self.levels, self.in_channels, self.n_classes = levels, in_channels, n_classes
         self.encoder_channels, self.decoder_channels = enc, dec
         self.checkpoint = checkpoint
-        self.checkpoint_levels = checkpoint == "level"
         self.checkpoint_policy, self.checkpoint_fix_bn = checkpoint_policy, checkpoint_fix_bn
         self.offload_activations = offload_activations
 
@@ -294,7 +292,7 @@ class UNet3D(nn.Module):
             )
 
     def _run(self, block: nn.Module, *args: torch.Tensor) -> torch.Tensor:
-        if self.checkpoint_levels and torch.is_grad_enabled():
+        if self.checkpoint == "level" and torch.is_grad_enabled():
             return checkpointed(block, *args, policy=self.checkpoint_policy,
                                 fix_bn=self.checkpoint_fix_bn)
         return block(*args)

@@ -121,7 +121,7 @@ def test_weights_are_cast_once_per_region_and_gradients_stay_fp32():
 def test_checkpoint_recomputation_follows_the_same_rules():
     # checkpoint re-enters autocast for the recomputation: under different rules the recomputed
     # tensors would have other dtypes and checkpoint would raise
-    net = UNet3D(levels=3, channels=4, checkpoint_levels=True)
+    net = UNet3D(levels=3, channels=4, checkpoint="level")
     x, y = torch.randn(2, 1, 8, 8, 8), torch.randint(0, 5, (2, 8, 8, 8))
     with cuda_autocast_rules():
         with torch.autocast("cpu", dtype=torch.bfloat16):

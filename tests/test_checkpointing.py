@@ -21,8 +21,8 @@ from course_utils.config import SEED000_VOLUME
 
 VARIANTS = {
     "none": {},
-    "full": dict(checkpoint_levels=True),
-    "selective": dict(checkpoint_levels=True, checkpoint_policy=save_convolutions),
+    "full": dict(checkpoint="level"),
+    "selective": dict(checkpoint="level", checkpoint_policy=save_convolutions),
     "double_conv": dict(checkpoint="double_conv"),
     "conv": dict(checkpoint="conv"),
     "offload": dict(offload_activations=True),
@@ -44,7 +44,7 @@ def nets():
     torch.manual_seed(0)
     state = {k: v.clone() for k, v in UNet3D(levels=3, channels=4).double().state_dict().items()}
     out = {k: _step(kw, state) for k, kw in VARIANTS.items()}
-    out["full, no BN fix"] = _step(dict(checkpoint_levels=True, checkpoint_fix_bn=False), state)
+    out["full, no BN fix"] = _step(dict(checkpoint="level", checkpoint_fix_bn=False), state)
     return out
 
 
@@ -86,18 +86,21 @@ def test_full_checkpointing_with_inplace_abn(mode):
 
 def test_selective_with_inplace_abn_is_refused_clearly():
     with pytest.raises(ValueError, match="cannot be combined with In-Place ABN.*Fix: full"):
-        UNet3D(levels=3, channels=4, norm_act=inplace_abn, checkpoint_levels=True,
+        UNet3D(levels=3, channels=4, norm_act=inplace_abn, checkpoint="level",
                checkpoint_policy=save_convolutions)
 
 
 def test_checkpoint_options_validated():
     with pytest.raises(ValueError, match="checkpoint must be one of"):
         UNet3D(levels=3, channels=4, checkpoint="block")
-    with pytest.raises(ValueError, match="pass one of them"):
-        UNet3D(levels=3, channels=4, checkpoint_levels=True, checkpoint="conv")
     with pytest.raises(ValueError, match="needs checkpoint='level'"):
         UNet3D(levels=3, channels=4, checkpoint="conv", checkpoint_policy=save_convolutions)
-    assert UNet3D(levels=3, channels=4, checkpoint_levels=True).checkpoint == "level"
+    # one spelling: the old checkpoint_levels= names its replacement
+    for old in (True, False):
+        with pytest.raises(TypeError, match='write checkpoint="level"'):
+            UNet3D(levels=3, channels=4, checkpoint_levels=old)
+    net = UNet3D(levels=3, channels=4, checkpoint="level")
+    assert net.checkpoint == "level" and not hasattr(net, "checkpoint_levels")
 
 
 def test_frozen_bn_stats_restores_everything():

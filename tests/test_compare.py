@@ -9,7 +9,7 @@ from course_utils.compare import COLUMNS, PARTS, step_time, technique_table
 
 def test_table_rows_parts_and_baseline():
     builds = {"plain": lambda: UNet3D(levels=3, channels=4),
-              "checkpointed": lambda: UNet3D(levels=3, channels=4, checkpoint_levels=True)}
+              "checkpointed": lambda: UNet3D(levels=3, channels=4, checkpoint="level")}
     t = technique_table(builds, (2, 1, 8, 8, 8))
     assert list(t.columns) == COLUMNS and list(t.variant) == ["plain", "checkpointed"]
     assert t["peak vs baseline %"].iloc[0] == 0 and t["peak vs baseline %"].iloc[1] < 0

@@ -1,6 +1,7 @@
 """The explorer's estimates: batch scaling checked against direct predictions, the largest
 batch, every switch, bad input; the widget builds."""
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -59,8 +60,32 @@ def test_ranks_split_the_batch_not_the_model():
 
 def test_techniques_lower_the_estimate():
     base = estimate(replace(SMALL, batch=4)).total
-    for kw in (dict(inplace_abn=True), dict(checkpointing="every level"), dict(precision="autocast bf16")):
+    for kw in (dict(inplace_abn=True), dict(checkpointing="level"), dict(precision="autocast_bf16")):
         assert estimate(replace(SMALL, batch=4, **kw)).total < base, kw
+
+
+def test_every_field_is_in_the_cache_key_or_named_as_left_out():
+    """A field added to Config is part of the cached prediction's key unless it is put in
+    NOT_IN_MODEL_KEY on purpose: it cannot silently share another configuration's prediction."""
+    from dataclasses import dataclass, fields
+
+    from course_utils.explorer import NOT_IN_MODEL_KEY
+
+    names = {f.name for f in fields(Config)}
+    keyed = [name for name, _ in SMALL.model_key()]
+    assert NOT_IN_MODEL_KEY == {"batch", "dp_ranks", "budget_gib"} and NOT_IN_MODEL_KEY < names
+    assert set(keyed) == names - NOT_IN_MODEL_KEY and len(keyed) == len(set(keyed))
+    assert replace(SMALL, batch=5, dp_ranks=3, budget_gib=40).model_key() == SMALL.model_key()
+    for name, value in (("levels", 4), ("volume", (8, 32, 32)), ("precision", "autocast_fp16"),
+                        ("inplace_relu", True), ("inplace_abn", True), ("checkpointing", "conv"),
+                        ("seed000", True), ("lean_up", True), ("offload", True), ("base_channels", 16)):
+        assert replace(SMALL, **{name: value}).model_key() != SMALL.model_key(), name
+
+    @dataclass(frozen=True)
+    class Wider(Config):
+        kernel: int = 3  # a new switch of the model
+
+    assert Wider(kernel=5).model_key() != Wider(kernel=3).model_key()
 
 
 def test_seed000_configs_use_the_exact_nets():
@@ -76,7 +101,7 @@ def test_bad_configs():
     with pytest.raises(ValueError, match="too small for 3 levels"):
         estimate(replace(SMALL, volume=(2, 32, 32)))
     with pytest.raises(ValueError, match="In-Place ABN overwrites"):
-        estimate(replace(SMALL, inplace_abn=True, checkpointing="selective (save convs)"))
+        estimate(replace(SMALL, inplace_abn=True, checkpointing="selective"))
     with pytest.raises(ValueError, match="checkpointing must be one of"):
         estimate(replace(SMALL, checkpointing="all"))
     with pytest.raises(ValueError, match="In-Place ABN replaces"):
@@ -85,13 +110,41 @@ def test_bad_configs():
         estimate(replace(SMALL, budget_gib=0))
 
 
-def test_table_and_widget_build():
-    df = table([SMALL, replace(SMALL, inplace_abn=True)])
-    assert list(df["In-Place ABN"]) == [False, True]
-    from course_utils.explorer import explorer
+def test_keys_are_identifiers_and_labels_are_for_display():
+    from course_utils.explorer import CHECKPOINTING, CHECKPOINTING_LABELS, PRECISION_LABELS, all_combinations
 
-    box = explorer(SMALL)
+    assert list(PRECISION_LABELS) == list(PRECISIONS) and list(CHECKPOINTING_LABELS) == list(CHECKPOINTING)
+    assert all(re.fullmatch(r"[a-z0-9_]+", key) for key in (*PRECISIONS, *CHECKPOINTING))
+    # a notebook written with the old labels is told the key to write
+    with pytest.raises(ValueError, match="display label.*write precision='autocast_fp16'"):
+        Config(precision="autocast fp16")
+    with pytest.raises(ValueError, match="write checkpointing='selective'"):
+        replace(SMALL, checkpointing="selective (save convs)")
+    with pytest.raises(ValueError, match="write precisions='fp16_model'"):
+        all_combinations(SMALL, precisions=["fp16 model (seed 000)"])
+    with pytest.raises(ValueError, match="write checkpointing='level'"):
+        all_combinations(SMALL, checkpointing=("none", "every level"))
+    cfg = replace(SMALL, precision="autocast_fp16", lean_up=True, checkpointing="double_conv", offload=True)
+    assert cfg.describe() == "autocast fp16 + lean Up + checkpointing every DoubleConv + offload to host"
+    assert replace(SMALL, checkpointing="selective").describe() == "fp32 + selective checkpointing (save convs)"
+
+
+def test_table_and_widget_build():
+    start = replace(SMALL, precision="autocast_bf16", checkpointing="conv")
+    df = table([start, replace(start, inplace_abn=True)])
+    assert list(df["In-Place ABN"]) == [False, True]
+    assert Config(**{**vars(SMALL), "precision": df["precision"][0], "checkpointing": df["checkpointing"][0]}) \
+        == replace(SMALL, precision="autocast_bf16", checkpointing="conv")  # rows hold keys
+    from course_utils.explorer import CHECKPOINTING_LABELS, PRECISION_LABELS, explorer
+
+    box = explorer(start)
     assert len(box.children) == 5
+    drop = {c.description: c for row in box.children[:-1] for c in row.children}
+    # the widgets show labels and hold keys
+    assert drop["precision"].label == "autocast bf16" and drop["precision"].value == "autocast_bf16"
+    assert list(drop["precision"]._options_labels) == list(PRECISION_LABELS.values())
+    assert drop["checkpoint"].label == "every conv" and drop["checkpoint"].value == "conv"
+    assert list(drop["checkpoint"]._options_labels) == list(CHECKPOINTING_LABELS.values())
 
 
 def test_frontier_switches_build_the_right_net_and_cost_time():
@@ -100,12 +153,12 @@ def test_frontier_switches_build_the_right_net_and_cost_time():
     for ck in CHECKPOINTING:
         net = build(replace(SMALL, checkpointing=ck))
         assert (net.checkpoint is None) == (ck == "none")
-        assert (net.checkpoint_policy is not None) == ck.startswith("selective")
+        assert (net.checkpoint_policy is not None) == (ck == "selective")
     assert build(replace(SMALL, offload=True)).offload_activations
     plain, off = replace(SMALL, batch=4), replace(SMALL, batch=4, offload=True)
     assert estimate(off).total < estimate(plain).total
     assert step_cost(off).seconds > step_cost(plain).seconds and step_cost(off).offloaded_bytes > 0
-    ck = replace(SMALL, batch=4, checkpointing="every level")
+    ck = replace(SMALL, batch=4, checkpointing="level")
     assert step_cost(ck).flops > step_cost(plain).flops  # the recomputed forward
     assert step_cost(replace(plain, batch=8)).flops == 2 * step_cost(plain).flops
     assert len(all_combinations(SMALL, precisions=["fp32"], checkpointing=CHECKPOINTING, offload=(False, True))) \

@@ -24,4 +24,4 @@ def test_the_activation_switches_build_what_they_say():
     assert relus(SMALL) and not any(relus(SMALL))
     assert all(relus(replace(SMALL, inplace_relu=True)))
     assert not any(up.lean for up in build(SMALL).ups)
-    assert all(up.lean for up in build(replace(SMALL, lean_up=True, precision="autocast fp16")).ups)
+    assert all(up.lean for up in build(replace(SMALL, lean_up=True, precision="autocast_fp16")).ups)

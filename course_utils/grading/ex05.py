@@ -97,7 +97,7 @@ def _(got, seed):
 def _net(inplace: bool, checkpoint: bool, levels: int, channels: int = 4) -> Callable[[], nn.Module]:
     norm_act = bn_relu_inplace if inplace else bn_relu
     return functools.partial(UNet3D, levels=levels, channels=channels, norm_act=norm_act,
-                             checkpoint_levels=checkpoint)
+                             checkpoint="level" if checkpoint else None)
 
 
 #: the nets of the last two parts: (description, build plain, build in-place, input shape).

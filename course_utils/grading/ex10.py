@@ -18,7 +18,7 @@ from .core import CheckFailed, Exercise, answer, expect_equal, seeded
 EX = Exercise("10", "Design a configuration", names=("design",))
 
 #: precisions that keep fp32 master weights (notebook 04)
-MASTER_FP32 = ("fp32", "autocast fp16", "autocast bf16")
+MASTER_FP32 = ("fp32", "autocast_fp16", "autocast_bf16")
 VOLUMES = ((32, 128, 128), (24, 160, 160), (48, 96, 128), (16, 192, 192), (40, 112, 112))
 BUDGETS_GIB = (4, 8, 12)
 
@@ -44,7 +44,7 @@ def best_batch(volume: tuple[int, int, int], budget_gib: int) -> int:
     fp16 (notebook 04), so only fp16 is searched. A design may beat it with the frontier's
     finer switches (notebook 10): reaching it is what the part asks."""
     return max(ex.estimate(c).largest_batch
-               for c in ex.all_combinations(baseline(volume, budget_gib), precisions=["fp32", "autocast fp16"],
+               for c in ex.all_combinations(baseline(volume, budget_gib), precisions=["fp32", "autocast_fp16"],
                                             lean_up=(False, True)))
 
 
