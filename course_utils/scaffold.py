@@ -1,5 +1,7 @@
 """Add a notebook to the course in one step, and check that the course's parts agree.
 
+    python -m course_utils.scaffold 11 "Activation offloading"   # a new notebook 11 with its exercise
+    python -m course_utils.scaffold 11                           # an existing 11: only what is missing
     python -m course_utils.scaffold --check                      # list every disagreement, with its fix
 
 A notebook ``NN`` of the course is made of (``course_utils/templates/`` holds the templates):
@@ -259,13 +261,179 @@ def problems(root: Path = ROOT) -> list[str]:
     return check_files(root) + check_tables(root) + check_timings(root) + check_links(root)
 
 
+# --------------------------------------------------------------------------------------------
+# The scaffold
+# --------------------------------------------------------------------------------------------
+def slug(text: str) -> str:
+    """'Activation offloading!' -> 'activation_offloading'."""
+    s = re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
+    if not s:
+        raise ValueError(f"the title {text!r} has no letter or digit to name the files with")
+    return s
+
+
+def _fill(text: str, values: dict[str, str], where: str) -> str:
+    try:
+        return string.Template(text).substitute(values)
+    except (KeyError, ValueError) as err:
+        raise ValueError(f"{where}: unknown placeholder {err} (known: ${', $'.join(values)}; "
+                         "write $$ for a dollar sign)") from None
+
+
+def _write_notebook(template: Path, dest: Path, values: dict[str, str]) -> None:
+    nb = json.loads(template.read_text(encoding="utf-8"))
+    for k, cell in enumerate(nb["cells"]):
+        text = _fill(_source(cell), values, f"{template.name}, cell {k}")
+        cell["source"] = text.splitlines(keepends=True)
+    dest.write_text(json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _insert_row(text: str, heading: str, row_re: str, nn: str, row: str, path: str) -> str:
+    """``row`` in the table under ``heading``, after the rows numbered below ``nn``."""
+    if heading not in text:
+        raise ValueError(f"{path} has no section '{heading}' to add the row {row!r} to")
+    head, rest = text.split(heading, 1)
+    lines = rest.split("\n")
+    rows = [i for i, line in enumerate(lines) if re.match(row_re, line)]
+    if not rows:
+        raise ValueError(f"{path}, section '{heading}': no table rows found to add {row!r} after")
+    after = max((i for i in rows if lines[i][2:4] < nn), default=rows[0] - 1)
+    lines.insert(after + 1, row)
+    return head + heading + "\n".join(lines)
+
+
+def _link_from_previous(root: Path, prev: Entry, new: Entry, new_title: str) -> bool:
+    """Add "**Next:** [NN · title](NN_topic.ipynb)." to the previous notebook's last cell (before
+    its "**Back to the start:**" line, if any). False if it links to the new one already."""
+    path = root / prev.notebook
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    if any(f"{new.stem}.ipynb" in links(_source(c)) for c in nb["cells"] if c["cell_type"] == "markdown"):
+        return False
+    cell = nb["cells"][-1]
+    line = f"**Next:** [{new.nn} · {new_title}]({new.stem}.ipynb)."
+    text = _source(cell)
+    if "**Back to the start:**" in text:
+        text = text.replace("**Back to the start:**", line + "\n**Back to the start:**", 1)
+    else:
+        text = text.rstrip("\n") + "\n" + line
+    cell["source"] = text.splitlines(keepends=True)
+    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return True
+
+
+def scaffold(nn: str, title_text: str | None = None, root: Path = ROOT, timings: bool = True) -> list[str]:
+    """Create what notebook ``nn`` lacks (all of it for a new notebook, which needs ``title_text``);
+    returns what was done, one line each."""
+    from .grading.generate import exercise_text
+
+    if not re.fullmatch(r"\d\d", nn):
+        raise ValueError(f"the number must have two digits, e.g. 11, not {nn!r}")
+    if not (root / "notebooks").is_dir():
+        raise ValueError(f"{root} has no notebooks/: run the scaffold from a checkout of the course")
+    course = entries(root)
+    existing = [e for e in course if e.nn == nn]
+    if existing:
+        entry = existing[0]
+        title_text = title(root, entry)
+    else:
+        nxt = f"{int(course[-1].nn) + 1:02d}" if course else "00"
+        if nn != nxt:
+            raise ValueError(f"notebook {nn} does not exist, and a new notebook takes the next number, {nxt} "
+                             "(to insert one between, renumber the later notebooks by hand)")
+        if not title_text or not title_text.strip():
+            raise ValueError(f'a new notebook needs a title: python -m course_utils.scaffold {nn} "Its title"')
+        if re.search(r"[|\n$`]", title_text):
+            raise ValueError(f"the title {title_text!r} must not contain |, $, ` or a line break (it goes "
+                             "into markdown tables and Python strings)")
+        title_text = title_text.strip()
+        entry = Entry(nn, f"{nn}_{slug(title_text)}")
+    values = {"NN": nn, "TITLE": title_text, "STEM": entry.stem, "TITLE_PY": json.dumps(title_text),
+              "FIRST_STEM": course[0].stem if course else entry.stem,
+              "FIRST_TITLE": title(root, course[0]) if course else title_text}
+    done = []
+    for rel, template in ((entry.notebook, "notebook.ipynb"), (entry.solution, "solution.ipynb")):
+        if not (root / rel).exists():
+            _write_notebook(TEMPLATES / template, root / rel, values)
+            done.append(f"wrote {rel}")
+    for rel, template in ((entry.grading, "exercise.py.tmpl"), (entry.wrong, "wrong_answers.py.tmpl")):
+        if not (root / rel).exists():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(_fill((TEMPLATES / template).read_text(), values, template))
+            done.append(f"wrote {rel}")
+    if not (root / entry.exercise).exists() or f"wrote {entry.solution}" in done:
+        (root / entry.exercise).write_text(exercise_text(root / entry.solution))
+        done.append(f"wrote {entry.exercise} (generated from the solution)")
+    readme = root / "README.md"
+    if entry.stem not in [s for _, s in _readme_rows(readme.read_text())]:
+        readme.write_text(_insert_row(readme.read_text(), README_SECTION, r"\| \d\d \| `", nn,
+                                      f"| {nn} | `{entry.stem}` | {title_text} |", "README.md"))
+        done.append(f"added the row of {nn} to README.md's table '{README_SECTION}'")
+    teaching = root / "docs" / "teaching.md"
+    if nn not in dict(_teaching_rows(teaching.read_text())):
+        names = re.search(r"names=\(([^)]*)\)", (root / entry.grading).read_text())
+        writes = ", ".join(f"`{n}`" for n in re.findall(r'"(\w+)"', names.group(1))) if names else "-"
+        teaching.write_text(_insert_row(teaching.read_text(), TEACHING_SECTION, r"\| \d\d \| ", nn,
+                                        f"| {nn} | {writes} | {len(_parts(root, entry))} |", "docs/teaching.md"))
+        done.append(f"added the row of exercise {nn} to docs/teaching.md's table '{TEACHING_SECTION}'")
+    before = [e for e in course if e.nn < nn]
+    if before and _link_from_previous(root, before[-1], entry, title_text):
+        done.append(f"linked {before[-1].notebook} to it (**Next:**)")
+    row = json.loads((root / "results" / "timings.json").read_text())["rows"].get(nn, {})
+    if timings and not all(isinstance(row.get(f), int) for f in ("notebooks", "solutions")):
+        _time(root, nn)
+        done.append(f"timed {entry.notebook} and {entry.solution} into results/timings.json and docs/teaching.md")
+    return done
+
+
+def _time(root: Path, nn: str) -> None:
+    """``python -m course_utils.readme --render --timings NN``, in a process of its own (its
+    notebooks must import this checkout's course_utils)."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    r = subprocess.run([sys.executable, "-m", "course_utils.readme", "--render", "--timings", nn],
+                       cwd=root, env=env, capture_output=True, text=True)
+    if r.returncode:
+        raise ValueError(f"timing notebook {nn} failed (python -m course_utils.readme --render --timings {nn}):\n"
+                         + (r.stdout + r.stderr)[-3000:])
+
+
+NEXT_STEPS = """
+Next (CONTRIBUTING.md, "Adding a notebook"):
+  1. write the lesson in {notebook} (keep its shape: question, predict-then-measure, takeaways);
+  2. write the exercise in {solution} and its parts in {grading}, then
+     python -m course_utils.grading.generate      # exercises/ from solutions/
+  3. list the typical wrong answers in {wrong};
+  4. describe it in README.md ('The notebooks') and docs/teaching.md ('Exercises');
+  5. python -m course_utils.readme --render --timings {nn}   # its run time
+     python -m pytest -q tests/test_course_layout.py tests/test_exercises.py -k {nn} {notebook}
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m course_utils.scaffold", description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="list what is missing or disagrees")
-    ap.parse_args(argv)
-    found = problems()
-    print("\n".join(found) or "the course's parts agree")
-    return 1 if found else 0
+    ap.add_argument("nn", nargs="?", help="the notebook's number, two digits (the next one for a new notebook)")
+    ap.add_argument("title", nargs="?", help="a new notebook's title, e.g. \"Activation offloading\"")
+    ap.add_argument("--check", action="store_true", help="only list what is missing or disagrees")
+    ap.add_argument("--no-timings", action="store_true", help="do not time the new notebook (about a minute)")
+    args = ap.parse_args(argv)
+    if args.check or args.nn is None:
+        found = problems()
+        print("\n".join(found) or "the course's parts agree")
+        return 1 if found else 0
+    try:
+        done = scaffold(args.nn, args.title, timings=not args.no_timings)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if not done:
+        print(f"notebook {args.nn} has all its parts already")
+        return 0
+    print("\n".join(done))
+    e = next(e for e in entries() if e.nn == args.nn)
+    print(NEXT_STEPS.format(nn=e.nn, notebook=e.notebook, solution=e.solution, grading=e.grading, wrong=e.wrong))
+    return 0
 
 
 if __name__ == "__main__":

@@ -63,13 +63,15 @@ def test_a_missing_solution_module_or_wrong_answers_file_is_named_with_its_fix(c
 
 
 def test_names_gaps_and_strays_are_named(course):
-    shutil.copy(course / "notebooks" / "00_gpu_memory_basics.ipynb", course / "notebooks" / "12_later.ipynb")
+    last = int(scaffold.entries(course)[-1].nn)
+    skipped, gap, stray = (f"{last + k:02d}" for k in (1, 2, 3))
+    shutil.copy(course / "notebooks" / "00_gpu_memory_basics.ipynb", course / "notebooks" / f"{gap}_later.ipynb")
     shutil.copy(course / "solutions" / "00_gpu_memory_basics.ipynb", course / "solutions" / "Draft.ipynb")
-    (course / "tests" / "wrong_answers" / "ex10.py").rename(course / "tests" / "wrong_answers" / "ex13.py")
+    (course / "tests" / "wrong_answers" / f"ex{last:02d}.py").rename(course / "tests" / "wrong_answers" / f"ex{stray}.py")
     found = "\n".join(scaffold.check_files(course))
-    assert "no notebook 11 before 12" in found and "solutions/Draft.ipynb: name it NN_topic.ipynb" in found
-    assert "tests/wrong_answers/ex13.py belongs to no notebook" in found
-    assert "tests/wrong_answers/ex10.py is missing" in found
+    assert f"no notebook {skipped} before {gap}" in found and "solutions/Draft.ipynb: name it NN_topic.ipynb" in found
+    assert f"tests/wrong_answers/ex{stray}.py belongs to no notebook" in found
+    assert f"tests/wrong_answers/ex{last:02d}.py is missing" in found
 
 
 def test_a_solution_importing_another_exercises_checks_is_named(course):
