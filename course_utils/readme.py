@@ -3,6 +3,7 @@
     python -m course_utils.readme              # recompute results/figures.json, rewrite README's tables
     python -m course_utils.readme --render     # only rewrite README from the committed JSON files
     python -m course_utils.readme --timings    # also time every notebook (docs/teaching.md's table)
+    python -m course_utils.readme --render --timings 11   # time notebook 11 and its solution only
 
 README.md holds generated blocks between ``<!-- BEGIN name -->`` and ``<!-- END name -->``:
 ``figures`` (from ``results/figures.json``, computed by ``headlines()``) and ``benchmark`` (from
@@ -297,9 +298,9 @@ def render_readme(text: str, figures: dict[str, Any], folder: Path = BENCHMARKS)
     return replace_block(text, "benchmark", render_benchmarks(folder))
 
 
-def notebook_timings() -> dict[str, Any]:
-    """Execute every notebook and solution top to bottom at the tiny preset (nbclient, a fresh
-    kernel each) and time it, with the machine's load noted."""
+def notebook_timings(only: list[str] | None = None) -> dict[str, Any]:
+    """Execute every notebook and solution (or those of the numbers in ``only``) top to bottom at
+    the tiny preset (nbclient, a fresh kernel each) and time it, with the machine's load noted."""
     import os
     import time
 
@@ -311,6 +312,8 @@ def notebook_timings() -> dict[str, Any]:
     load = os.getloadavg()[0]
     for folder in ("notebooks", "solutions"):
         for path in sorted((ROOT / folder).glob("[0-9][0-9]_*.ipynb")):
+            if only is not None and path.name[:2] not in only:
+                continue
             nb = nbformat.read(path, as_version=4)
             t0 = time.perf_counter()
             NotebookClient(nb, timeout=900, kernel_name="python3",
@@ -321,6 +324,15 @@ def notebook_timings() -> dict[str, Any]:
                      "cores": os.cpu_count(), "load average before": round(load, 1),
                      "load average after": round(os.getloadavg()[0], 1)},
             "rows": rows}
+
+
+def merge_timings(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``old`` with the rows ``new`` measured replaced, each carrying its own ``measured`` meta
+    (the table's header keeps the whole run's); rows of notebooks no longer present are dropped."""
+    present = {p.name[:2] for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    rows = {nn: r for nn, r in old["rows"].items() if nn in present}
+    rows.update({nn: {**r, "measured": new["meta"]} for nn, r in new["rows"].items()})
+    return {"meta": old["meta"], "rows": dict(sorted(rows.items()))}
 
 
 def _title(nn: str) -> str:
@@ -341,21 +353,44 @@ def render_timings(data: dict[str, Any]) -> str:
     for nn, r in sorted(data["rows"].items()):
         lines.append(f"| {nn} | {_title(nn)} | {r.get('notebooks', '-')} s | {r.get('solutions', '-')} s | "
                      f"{SLOTS_MIN.get(nn, 45)} min |")
+    apart = [(nn, r["measured"]) for nn, r in sorted(data["rows"].items()) if "measured" in r]
+    if apart:
+        lines += ["", "Measured on their own (`--timings NN`): " + "; ".join(
+            f"{nn} on {a['date']} (torch {a['torch']}, {a['cores']} cores, load average "
+            f"{a['load average before']} before and {a['load average after']} after)" for nn, a in apart) + "."]
     return "\n".join(lines)
+
+
+def write_timings(only: list[str] | None = None) -> None:
+    """Time the notebooks (all, or those in ``only``, merged with the committed rows) and rewrite
+    results/timings.json and docs/teaching.md's timings table."""
+    data = notebook_timings(only)
+    if only is not None and TIMINGS.exists():
+        data = merge_timings(json.loads(TIMINGS.read_text()), data)
+    TIMINGS.write_text(json.dumps(data, indent=1) + "\n")
+    TEACHING.write_text(replace_block(TEACHING.read_text(), "timings", render_timings(data)))
+    print(f"wrote {TIMINGS} and the timings table of {TEACHING}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m course_utils.readme", description=__doc__.splitlines()[0])
-    ap.add_argument("--render", action="store_true", help="only re-render from the committed JSON")
-    ap.add_argument("--timings", action="store_true", help="also time every notebook (minutes)")
+    ap.add_argument("--render", action="store_true",
+                    help="do not recompute the figures: re-render README from the committed JSON")
+    ap.add_argument("--timings", nargs="*", metavar="NN",
+                    help="also time every notebook and solution (minutes), or only those numbered NN, "
+                         "merged into results/timings.json")
     args = ap.parse_args(argv)
+    if args.timings:
+        present = sorted(p.name[:2] for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+        unknown = sorted(set(args.timings) - set(present))
+        if unknown:
+            ap.error(f"no notebook {', '.join(unknown)} in notebooks/ (there are {', '.join(present)})")
     if not args.render:
         FIGURES.parent.mkdir(exist_ok=True)
         FIGURES.write_text(json.dumps(headlines(), indent=1) + "\n")
         print(f"wrote {FIGURES}")
-    if args.timings:
-        TIMINGS.write_text(json.dumps(notebook_timings(), indent=1) + "\n")
-        print(f"wrote {TIMINGS}")
+    if args.timings is not None:
+        write_timings(args.timings or None)
     README.write_text(render_readme(README.read_text(), json.loads(FIGURES.read_text())))
     if TIMINGS.exists():
         TEACHING.write_text(replace_block(TEACHING.read_text(), "timings",

@@ -4,6 +4,7 @@ they should. Graded the way the grader does it: objects rebuilt from the noteboo
 observed, the observation round-tripped as data, judged."""
 
 import re
+import runpy
 from pathlib import Path
 
 import nbformat
@@ -39,15 +40,16 @@ def edited(nn_id, old, new):
         if old in cell.source:
             cell.source = cell.source.replace(old, new, 1)
             hits += 1
-    assert hits == 1, f"{nn_id}: {old!r} found in {hits} cells"
+    assert hits == 1, (f"{nn_id}: {old!r} found in {hits} cells of {SOLUTIONS[nn_id].relative_to(ROOT)}, not 1: "
+                       f"edit the case in tests/wrong_answers/ex{nn_id}.py")
     return nb
 
 
-def test_one_exercise_per_solution_and_module():
-    assert sorted(SOLUTIONS) == sorted(MODULES)
+def test_every_exercise_has_three_parts():
+    # that each exercise has its solution, notebook and wrong answers: tests/test_course_layout.py
     for nn_id in MODULES:
         ex = exercise(nn_id)
-        assert len(ex.parts) >= 3, f"exercise {nn_id} needs at least three graded parts"
+        assert len(ex.parts) >= 3, f"exercise {nn_id} needs at least three graded parts (course_utils/grading/ex{nn_id}.py)"
 
 
 @pytest.mark.parametrize("nn_id", sorted(MODULES))
@@ -60,70 +62,10 @@ def test_solution_full_marks_untouched_zero(nn_id):
         assert r.message.startswith("not implemented yet: replace `raise NotImplementedError()`"), (key, r.message)
 
 
-#: typical wrong answers: (what, text in the solution, replacement, the parts that must fail)
-WRONG = {
-    "00": [("no element size", "math.prod(shape) * torch.empty((), dtype=dtype).element_size()", "math.prod(shape)",
-            ["float", "small"]),
-           ("allocates the tensor", "math.prod(shape) * torch.empty((), dtype=dtype).element_size()",
-            "torch.empty(shape, dtype=dtype).nbytes", ["edge"]),
-           ("tensor, not storage", "out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()",
-            "out.data_ptr() == x.data_ptr()", ["new_bytes"])],
-    "01": [("conv -> ReLU -> BN", "nn.BatchNorm3d(out_channels), nn.ReLU(),\n            nn.Conv3d(out_channels",
-            "nn.ReLU(), nn.BatchNorm3d(out_channels),\n            nn.Conv3d(out_channels", ["dc_values"]),
-           ("nearest upsampling", 'mode="trilinear", align_corners=True', 'mode="nearest"', ["up_values"]),
-           ("[x, skip]", "torch.cat([skip, x], dim=1)", "torch.cat([x, skip], dim=1)", ["up_values"]),
-           ("one-sided padding", "pad += [(s - u) // 2, (s - u) - (s - u) // 2]", "pad += [0, s - u]", ["up_values"]),
-           ("no bias", "nn.Conv3d(out_channels, out_channels, 3, padding=1)",
-            "nn.Conv3d(out_channels, out_channels, 3, padding=1, bias=False)", ["dc_params", "seed000"])],
-    "02": [("hooks left", "        for h in handles:\n            h.remove()", "        pass", ["cleanup"]),
-           ("forward hooks only", "        handles.append(module.register_full_backward_hook(", "        (print(", ["events"]),
-           ("largest reading, not largest increase", "added[name] = added.get(name, 0) + nbytes - before.pop(name)",
-            "added[name] = nbytes", ["biggest"])],
-    "03": [("half the naive count", "return 26 * n**3 * 4", "return 13 * n**3 * 4", ["naive"]),
-           ("counts a storage twice", "return 11 * n**3 * 4", "return 12 * n**3 * 4", ["formula"]),
-           ("one N at a time",
-            "run_limit_test(n).peak <= budget_bytes\n\n    lo, hi = 8, 16\n    while fits(hi):\n        lo, hi = hi, hi * 2\n"
-            "    while hi - lo > 1:\n        mid = (lo + hi) // 2\n        lo, hi = (mid, hi) if fits(mid) else (lo, mid)\n"
-            "    return lo\n",
-            "run_limit_test(n).peak <= budget_bytes\n\n    n = 8\n    while fits(n + 8):\n        n += 8\n    while fits(n + 1):\n"
-            "        n += 1\n    return n\n", ["few_calls"])],
-    "04": [("loss not scaled", "scaler.scale(loss).backward()", "loss.backward()", ["scaled"]),
-           ("step around the scaler", "scaler.step(optimizer)", "optimizer.step()", ["overflow"]),
-           ("no update", "    scaler.update()\n", "\n", ["step", "overflow"]),
-           ("no autocast", "with torch.autocast(x.device.type, dtype=torch.float16):", "if True:", ["autocast"])],
-    "05": [("sigmoid said safe", '"Sigmoid": False', '"Sigmoid": True', ["answers"]),
-           ("still in place", "return torch.sigmoid(x) * 2", "return torch.sigmoid(x).mul_(2)", ["fixed"]),
-           ("always backward", 'return ("backward" if top >= first_bwd else "forward"), rows[top].module',
-            'return "backward", rows[top].module', ["peak"]),
-           ("always forward", 'return ("backward" if top >= first_bwd else "forward"), rows[top].module',
-            'return "forward", rows[top].module', ["peak"]),
-           ("not lower but equal", "return inplace < plain", "return inplace <= plain", ["lowers"])],
-    "06": [("batch statistics ignored", "dx = g * (dy - (dbias / m).view(shape) - x_hat * (dweight / m).view(shape))",
-            "dx = g * dy", ["train", "dims", "module"]),
-           ("5D only", "dims = [0, *range(2, z.dim())]", "dims = [0, 2, 3, 4]", ["dims"]),
-           ("leaky ReLU not inverted", "y = torch.where(pos, z, z / slope)", "y = z", ["train", "eval"])],
-    "07": [("the graph cut", "skips.append(checkpoint(down, skips[-1], use_reentrant=False))",
-            "skips.append(checkpoint(down, skips[-1], use_reentrant=False).detach())", ["grads"]),
-           ("no checkpoint", "skips = [checkpoint(net.inc, x, use_reentrant=False)]\n    for down in net.downs:\n"
-            "        skips.append(checkpoint(down, skips[-1], use_reentrant=False))",
-            "skips = [net.inc(x)]\n    for down in net.downs:\n        skips.append(down(skips[-1]))", ["less"]),
-           ("one segment", "return min((s for s in range(1, n + 1) if n % s == 0), key=peak)", "return n", ["segments"]),
-           ("checkpoint everything", "    for k in range(len(BLOCKS) + 1):", "    return list(BLOCKS)\n    for k in range(0):",
-            ["plan"])],
-    "08": [("whole batch on every rank", "loss = nn.functional.cross_entropy(ddp(xs), ys)",
-            "loss = nn.functional.cross_entropy(ddp(x), y)", ["shard"]),
-           ("losses not divided", "(nn.functional.cross_entropy(model(xs), ys) / micro_batches).backward()",
-            "nn.functional.cross_entropy(model(xs), ys).backward()", ["accumulate"])],
-    "09": [("skips detached", "skips.append(down(skips[-1]))", "skips.append(down(skips[-1]).detach())", ["grads"]),
-           ("inc forgotten", 'if name == "inc" or name.startswith("downs")', 'if name.startswith("downs")', ["boundary"])],
-    "10": [("the baseline", "return max(options, key=lambda cfg: ex.estimate(cfg).largest_batch)",
-            'return replace(base, precision="fp32")',
-            ["beats", "best"]),
-           ("no fp32 master weights", 'precisions=["autocast_fp16"], lean_up', 'precisions=["fp16_model"], lean_up',
-            ["valid", "best"]),
-           ("the notebooks' first table only", 'precisions=["autocast_fp16"], lean_up=(False, True))',
-            'precisions=["autocast_fp16"])', ["best"])],
-}
+#: typical wrong answers, one file per exercise: tests/wrong_answers/exNN.py defines WRONG, a list of
+#: (what, text in the solution, replacement, the parts that must fail)
+WRONG_DIR = ROOT / "tests" / "wrong_answers"
+WRONG = {p.stem[2:]: runpy.run_path(str(p))["WRONG"] for p in sorted(WRONG_DIR.glob("ex[0-9][0-9].py"))}
 
 
 CASES = [(nn, *case) for nn, cases in sorted(WRONG.items()) for case in cases]
@@ -138,7 +80,13 @@ def test_typical_wrong_answer_fails_its_part(nn_id, what, old, new, failing):
 
 
 def test_every_exercise_has_a_wrong_answer_and_wrong_answers_cover_key_parts():
-    assert sorted(WRONG) == sorted(MODULES)
+    for nn_id in MODULES:
+        assert WRONG.get(nn_id), (
+            f"exercise {nn_id} has no typical wrong answer: tests/wrong_answers/ex{nn_id}.py must define WRONG = "
+            "[(what, text in the solution, its replacement, [parts that must fail]), ...] "
+            f"(`python -m course_utils.scaffold {nn_id}` writes the file with one case to edit)")
+    assert not set(WRONG) - set(MODULES), (
+        f"tests/wrong_answers/ex{sorted(set(WRONG) - set(MODULES))[0]}.py has no exercise module: remove it")
     assert {"dc_values", "up_values"} <= {k for c in WRONG["01"] for k in c[3]}
 
 

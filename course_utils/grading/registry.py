@@ -1,19 +1,24 @@
-"""Which module holds which exercise's checks."""
+"""Which module holds which exercise's checks: ``course_utils/grading/exNN.py``, one per exercise,
+found from the files present (a new ``ex11.py`` is an exercise; no list to edit)."""
 
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 from .core import Exercise
 
-#: exercise number -> module (course_utils.grading.exNN)
-MODULES = {f"{k:02d}": f"course_utils.grading.ex{k:02d}" for k in range(11)}
+_HERE = Path(__file__).resolve().parent
+
+#: exercise number -> module (course_utils.grading.exNN), one per ``exNN.py`` in this folder
+MODULES = {p.stem[2:]: f"{__package__}.{p.stem}" for p in sorted(_HERE.glob("ex[0-9][0-9].py"))}
 
 
 def exercise(nn_id: str) -> Exercise:
-    """The ``Exercise`` of number ``nn_id`` ("00" ... "10"); KeyError names the known ones."""
+    """The ``Exercise`` of number ``nn_id`` (e.g. "00"); KeyError names the known ones."""
     if nn_id not in MODULES:
-        raise KeyError(f"no exercise {nn_id!r}; known: {', '.join(sorted(MODULES))}")
+        raise KeyError(f"no exercise {nn_id!r} (no course_utils/grading/ex{nn_id}.py); "
+                       f"known: {', '.join(sorted(MODULES))}")
     return importlib.import_module(MODULES[nn_id]).EX
 
 

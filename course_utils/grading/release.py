@@ -36,7 +36,8 @@ KEEP_DIRS = ("benchmarks", "recorded")
 
 
 def _ignore(_dir, names):
-    return [n for n in names if n == "__pycache__" or n.endswith((".pyc", ".pyo"))]
+    # templates/: the scaffold's, for teachers (its example solution holds its answer)
+    return [n for n in names if n in ("__pycache__", "templates") or n.endswith((".pyc", ".pyo"))]
 
 
 def release_course_utils(src: Path, dest: Path) -> list[str]:

@@ -1,0 +1,440 @@
+"""Add a notebook to the course in one step, and check that the course's parts agree.
+
+    python -m course_utils.scaffold 11 "Activation offloading"   # a new notebook 11 with its exercise
+    python -m course_utils.scaffold 11                           # an existing 11: only what is missing
+    python -m course_utils.scaffold --check                      # list every disagreement, with its fix
+
+A notebook ``NN`` of the course is made of (``course_utils/templates/`` holds the templates):
+
+* ``notebooks/NN_topic.ipynb``      -- the lesson
+* ``solutions/NN_topic.ipynb``      -- its exercise with the answers (nbgrader solution and test cells)
+* ``exercises/NN_topic.ipynb``      -- generated from the solution (``python -m course_utils.grading.generate``)
+* ``course_utils/grading/exNN.py``  -- the exercise's parts and checks (``EX``, ``check_*``)
+* ``tests/wrong_answers/exNN.py``   -- typical wrong answers, each must fail its part
+* a row in README.md's table "The notebooks" and in docs/teaching.md's table "Exercises"
+* its run time in ``results/timings.json`` (``python -m course_utils.readme --render --timings NN``)
+* a "**Next:**" link to it from the notebook before.
+
+The scaffold creates the files that are missing from the templates, adds the rows and the link,
+and times the new notebook; ``problems()`` (run by tests/test_course_layout.py) names every part
+that is missing or disagrees, with the file to edit and the fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import string
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+NAME = re.compile(r"(\d\d)_[a-z0-9]+(?:_[a-z0-9]+)*\.ipynb")
+README_SECTION, TEACHING_SECTION = "## The notebooks", "## Exercises"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One notebook of the course and the paths of its parts (relative to the repository)."""
+
+    nn: str
+    stem: str  # e.g. "05_inplace_relu"
+
+    @property
+    def notebook(self) -> str:
+        return f"notebooks/{self.stem}.ipynb"
+
+    @property
+    def solution(self) -> str:
+        return f"solutions/{self.stem}.ipynb"
+
+    @property
+    def exercise(self) -> str:
+        return f"exercises/{self.stem}.ipynb"
+
+    @property
+    def grading(self) -> str:
+        return f"course_utils/grading/ex{self.nn}.py"
+
+    @property
+    def wrong(self) -> str:
+        return f"tests/wrong_answers/ex{self.nn}.py"
+
+
+def entries(root: Path = ROOT) -> list[Entry]:
+    """The course's notebooks, from the files in notebooks/, in order."""
+    return [Entry(p.name[:2], p.stem) for p in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb"))]
+
+
+def title(root: Path, entry: Entry) -> str:
+    """A notebook's title from its first heading: '# 05 · In-place ReLU' -> 'In-place ReLU'."""
+    first = _cells(root / entry.notebook)[0]["source"]
+    return "".join(first).splitlines()[0].lstrip("# ").split("·", 1)[-1].strip()
+
+
+def _cells(path: Path) -> list[dict]:
+    return json.loads(path.read_text(encoding="utf-8"))["cells"]
+
+
+def _source(cell: dict) -> str:
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+def _scaffold_cmd(nn: str) -> str:
+    return f"`python -m course_utils.scaffold {nn}` creates it from course_utils/templates/"
+
+
+# --------------------------------------------------------------------------------------------
+# The checks: each returns a list of problems, each naming the file to edit and the fix
+# --------------------------------------------------------------------------------------------
+def check_files(root: Path = ROOT) -> list[str]:
+    """Names, numbering, and every notebook's solution, exercise, grading module and wrong answers."""
+    out = []
+    for folder in ("notebooks", "solutions", "exercises"):
+        for p in sorted((root / folder).glob("*.ipynb")):
+            if not NAME.fullmatch(p.name):
+                out.append(f"{folder}/{p.name}: name it NN_topic.ipynb (two digits, then lower-case words "
+                           "joined by _), as its notebook")
+    course = entries(root)
+    numbers = [e.nn for e in course]
+    for nn in sorted({n for n in numbers if numbers.count(n) > 1}):
+        out.append(f"notebooks/: {', '.join(e.notebook for e in course if e.nn == nn)} share number {nn}: renumber one")
+    for k, nn in enumerate(sorted(set(numbers))):
+        if int(nn) != k:
+            out.append(f"notebooks/: no notebook {k:02d} before {nn}: the numbers run 00, 01, ... without gaps")
+            break
+    stems = {e.stem for e in course}
+    for e in course:
+        for path, fix in ((e.solution, _scaffold_cmd(e.nn) + " (an exercise with one part to rewrite)"),
+                          (e.exercise, "`python -m course_utils.grading.generate` writes it from the solution"),
+                          (e.grading, _scaffold_cmd(e.nn) + " (the parts and checks of the solution's check cells)"),
+                          (e.wrong, _scaffold_cmd(e.nn) + " (WRONG: the typical wrong answers, each must fail)")):
+            if not (root / path).exists():
+                out.append(f"{path} is missing (notebook {e.notebook} has none): {fix}")
+    for folder, what in (("solutions", "solution"), ("exercises", "exercise")):
+        for p in sorted((root / folder).glob("[0-9][0-9]_*.ipynb")):
+            if p.stem not in stems:
+                out.append(f"{folder}/{p.name} has no notebook notebooks/{p.name}: rename the {what} as its "
+                           "notebook, or remove it")
+    known = {e.nn for e in course}
+    for folder, pattern in (("course_utils/grading", "ex[0-9][0-9].py"), ("tests/wrong_answers", "ex[0-9][0-9].py")):
+        for p in sorted((root / folder).glob(pattern)):
+            if p.stem[2:] not in known:
+                out.append(f"{folder}/{p.name} belongs to no notebook (no notebooks/{p.stem[2:]}_*.ipynb): "
+                           "remove it, or add the notebook")
+    for e in course:
+        if (root / e.solution).exists():
+            mods = set(re.findall(r"course_utils\.grading\.ex(\d\d)\b", (root / e.solution).read_text(encoding="utf-8")))
+            for other in sorted(mods - {e.nn}):
+                out.append(f"{e.solution} imports course_utils.grading.ex{other}: its checks are in ex{e.nn}")
+        if (root / e.grading).exists():
+            found = re.search(r'^EX = Exercise\(\s*"(\d\d)"', (root / e.grading).read_text(), re.M)
+            if not found or found.group(1) != e.nn:
+                out.append(f'{e.grading}: EX = Exercise("{e.nn}", ...) expected'
+                           + (f', found "{found.group(1)}"' if found else ""))
+    return out
+
+
+def _section(text: str, heading: str) -> str:
+    if heading not in text:
+        return ""
+    return text.split(heading, 1)[1].split("\n## ", 1)[0]
+
+
+def _readme_rows(text: str) -> list[tuple[str, str]]:
+    return re.findall(r"^\| (\d\d) \| `(\d\d_[a-z0-9_]+)` \|", _section(text, README_SECTION), re.M)
+
+
+def _teaching_rows(text: str) -> list[tuple[str, str]]:
+    return re.findall(r"^\| (\d\d) \| .* \| (\d+) \|$", _section(text, TEACHING_SECTION), re.M)
+
+
+def check_tables(root: Path = ROOT) -> list[str]:
+    """README's "The notebooks" and docs/teaching.md's "Exercises": one row each, in order."""
+    out = []
+    course = entries(root)
+    rows = _readme_rows((root / "README.md").read_text())
+    stems = [s for _, s in rows]
+    for e in course:
+        if e.stem not in stems:
+            out.append(f"README.md, table under '{README_SECTION}': no row for {e.notebook}: add "
+                       f"`| {e.nn} | `{e.stem}` | <what it answers> |` (`python -m course_utils.scaffold {e.nn}` adds it)")
+    for nn, stem in rows:
+        if stem not in {e.stem for e in course} or nn != stem[:2]:
+            out.append(f"README.md, table under '{README_SECTION}': the row `| {nn} | `{stem}` |` names no notebook: "
+                       "fix the name, or remove the row")
+    if [s for s in stems if s in {e.stem for e in course}] != [e.stem for e in course if e.stem in stems]:
+        out.append(f"README.md, table under '{README_SECTION}': order the rows by number")
+    parts = {}
+    for e in course:
+        if (root / e.grading).exists():
+            parts[e.nn] = len(_parts(root, e))
+    trows = dict(_teaching_rows((root / "docs" / "teaching.md").read_text()))
+    for nn, n in parts.items():
+        if nn not in trows:
+            out.append(f"docs/teaching.md, table under '{TEACHING_SECTION}': no row for exercise {nn}: add "
+                       f"`| {nn} | <what the learner writes> | {n} |`")
+        elif int(trows[nn]) != n:
+            out.append(f"docs/teaching.md, table under '{TEACHING_SECTION}': exercise {nn} has {n} parts "
+                       f"(course_utils/grading/ex{nn}.py), the row says {trows[nn]}: correct the row")
+    for nn in sorted(set(trows) - set(parts)):
+        out.append(f"docs/teaching.md, table under '{TEACHING_SECTION}': the row of exercise {nn} names no "
+                   f"exercise (no course_utils/grading/ex{nn}.py): remove it")
+    return out
+
+
+def _parts(root: Path, e: Entry) -> list[str]:
+    """The part keys of an exercise, read from its source (``X = EX.part("key", ...)``): the
+    checks must not import a module of another checkout."""
+    return re.findall(r'\bEX\.part\(\s*"([^"]+)"', (root / e.grading).read_text())
+
+
+def check_timings(root: Path = ROOT) -> list[str]:
+    """results/timings.json: one row per notebook, with its run and its solution's."""
+    path = root / "results" / "timings.json"
+    rows = json.loads(path.read_text())["rows"] if path.exists() else {}
+    course = entries(root)
+    out = []
+    for e in course:
+        r = rows.get(e.nn, {})
+        missing = [f for f in ("notebooks", "solutions") if not isinstance(r.get(f), int)]
+        if missing:
+            out.append(f"results/timings.json has no time for {' and '.join(missing)}/{e.stem}.ipynb: run "
+                       f"`python -m course_utils.readme --render --timings {e.nn}` (about a minute)")
+    extra = sorted(set(rows) - {e.nn for e in course})
+    if extra:
+        last = course[-1].nn if course else "00"
+        out.append(f"results/timings.json has rows for {', '.join(extra)}, which have no notebook: "
+                   f"`python -m course_utils.readme --render --timings {last}` drops them")
+    return out
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
+
+
+def _markdown(path: Path) -> list[str]:
+    if path.suffix == ".ipynb":
+        return [_source(c) for c in _cells(path) if c["cell_type"] == "markdown"]
+    return [path.read_text(encoding="utf-8")]
+
+
+def links(text: str) -> list[str]:
+    """The relative link targets of a markdown text (code spans and blocks skipped), anchors cut."""
+    out = []
+    for m in LINK.finditer(CODE.sub("", text)):
+        target = m.group(1)
+        if not re.match(r"[a-z]+:", target) and not target.startswith("#"):
+            out.append(target.split("#", 1)[0])
+    return out
+
+
+def check_links(root: Path = ROOT) -> list[str]:
+    """Relative links in the notebooks, exercises, solutions, README, CONTRIBUTING and docs
+    resolve; each notebook links to its exercise and to the next notebook."""
+    out = []
+    files = [p for folder in ("notebooks", "exercises", "solutions") for p in sorted((root / folder).glob("*.ipynb"))]
+    files += [root / n for n in ("README.md", "CONTRIBUTING.md") if (root / n).exists()]
+    files += sorted((root / "docs").glob("*.md"))
+    for path in files:
+        for target in {t for text in _markdown(path) for t in links(text)}:
+            if not (path.parent / target).exists():
+                out.append(f"{path.relative_to(root)}: the link ({target}) leads to no file: fix it")
+    course = entries(root)
+    for k, e in enumerate(course):
+        targets = {t for text in _markdown(root / e.notebook) for t in links(text)}
+        if (root / e.exercise).exists() and f"../{e.exercise}" not in targets:
+            out.append(f"{e.notebook}: no link to its exercise: end its last cell with "
+                       f"`**Exercise:** [{e.exercise}](../{e.exercise}).`")
+        if k + 1 < len(course) and f"{course[k + 1].stem}.ipynb" not in targets:
+            nxt = course[k + 1]
+            out.append(f"{e.notebook}: no link to the next notebook: add `**Next:** [{nxt.nn} · "
+                       f"{title(root, nxt)}]({nxt.stem}.ipynb).` to its last cell")
+    return out
+
+
+def problems(root: Path = ROOT) -> list[str]:
+    """Every disagreement between the course's parts, each with the file to edit and the fix."""
+    return check_files(root) + check_tables(root) + check_timings(root) + check_links(root)
+
+
+# --------------------------------------------------------------------------------------------
+# The scaffold
+# --------------------------------------------------------------------------------------------
+def slug(text: str) -> str:
+    """'Activation offloading!' -> 'activation_offloading'."""
+    s = re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
+    if not s:
+        raise ValueError(f"the title {text!r} has no letter or digit to name the files with")
+    return s
+
+
+def _fill(text: str, values: dict[str, str], where: str) -> str:
+    try:
+        return string.Template(text).substitute(values)
+    except (KeyError, ValueError) as err:
+        raise ValueError(f"{where}: unknown placeholder {err} (known: ${', $'.join(values)}; "
+                         "write $$ for a dollar sign)") from None
+
+
+def _write_notebook(template: Path, dest: Path, values: dict[str, str]) -> None:
+    nb = json.loads(template.read_text(encoding="utf-8"))
+    for k, cell in enumerate(nb["cells"]):
+        text = _fill(_source(cell), values, f"{template.name}, cell {k}")
+        cell["source"] = text.splitlines(keepends=True)
+    dest.write_text(json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _insert_row(text: str, heading: str, row_re: str, nn: str, row: str, path: str) -> str:
+    """``row`` in the table under ``heading``, after the rows numbered below ``nn``."""
+    if heading not in text:
+        raise ValueError(f"{path} has no section '{heading}' to add the row {row!r} to")
+    head, rest = text.split(heading, 1)
+    lines = rest.split("\n")
+    rows = [i for i, line in enumerate(lines) if re.match(row_re, line)]
+    if not rows:
+        raise ValueError(f"{path}, section '{heading}': no table rows found to add {row!r} after")
+    after = max((i for i in rows if lines[i][2:4] < nn), default=rows[0] - 1)
+    lines.insert(after + 1, row)
+    return head + heading + "\n".join(lines)
+
+
+def _link_from_previous(root: Path, prev: Entry, new: Entry, new_title: str) -> bool:
+    """Add "**Next:** [NN · title](NN_topic.ipynb)." to the previous notebook's last cell (before
+    its "**Back to the start:**" line, if any). False if it links to the new one already."""
+    path = root / prev.notebook
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    if any(f"{new.stem}.ipynb" in links(_source(c)) for c in nb["cells"] if c["cell_type"] == "markdown"):
+        return False
+    cell = nb["cells"][-1]
+    line = f"**Next:** [{new.nn} · {new_title}]({new.stem}.ipynb)."
+    text = _source(cell)
+    if "**Back to the start:**" in text:
+        text = text.replace("**Back to the start:**", line + "\n**Back to the start:**", 1)
+    else:
+        text = text.rstrip("\n") + "\n" + line
+    cell["source"] = text.splitlines(keepends=True)
+    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return True
+
+
+def scaffold(nn: str, title_text: str | None = None, root: Path = ROOT, timings: bool = True) -> list[str]:
+    """Create what notebook ``nn`` lacks (all of it for a new notebook, which needs ``title_text``);
+    returns what was done, one line each."""
+    from .grading.generate import exercise_text
+
+    if not re.fullmatch(r"\d\d", nn):
+        raise ValueError(f"the number must have two digits, e.g. 11, not {nn!r}")
+    if not (root / "notebooks").is_dir():
+        raise ValueError(f"{root} has no notebooks/: run the scaffold from a checkout of the course")
+    course = entries(root)
+    existing = [e for e in course if e.nn == nn]
+    if existing:
+        entry = existing[0]
+        title_text = title(root, entry)
+    else:
+        nxt = f"{int(course[-1].nn) + 1:02d}" if course else "00"
+        if nn != nxt:
+            raise ValueError(f"notebook {nn} does not exist, and a new notebook takes the next number, {nxt} "
+                             "(to insert one between, renumber the later notebooks by hand)")
+        if not title_text or not title_text.strip():
+            raise ValueError(f'a new notebook needs a title: python -m course_utils.scaffold {nn} "Its title"')
+        if re.search(r"[|\n$`]", title_text):
+            raise ValueError(f"the title {title_text!r} must not contain |, $, ` or a line break (it goes "
+                             "into markdown tables and Python strings)")
+        title_text = title_text.strip()
+        entry = Entry(nn, f"{nn}_{slug(title_text)}")
+    values = {"NN": nn, "TITLE": title_text, "STEM": entry.stem, "TITLE_PY": json.dumps(title_text),
+              "FIRST_STEM": course[0].stem if course else entry.stem,
+              "FIRST_TITLE": title(root, course[0]) if course else title_text}
+    done = []
+    for rel, template in ((entry.notebook, "notebook.ipynb"), (entry.solution, "solution.ipynb")):
+        if not (root / rel).exists():
+            _write_notebook(TEMPLATES / template, root / rel, values)
+            done.append(f"wrote {rel}")
+    for rel, template in ((entry.grading, "exercise.py.tmpl"), (entry.wrong, "wrong_answers.py.tmpl")):
+        if not (root / rel).exists():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(_fill((TEMPLATES / template).read_text(), values, template))
+            done.append(f"wrote {rel}")
+    if not (root / entry.exercise).exists() or f"wrote {entry.solution}" in done:
+        (root / entry.exercise).write_text(exercise_text(root / entry.solution))
+        done.append(f"wrote {entry.exercise} (generated from the solution)")
+    readme = root / "README.md"
+    if entry.stem not in [s for _, s in _readme_rows(readme.read_text())]:
+        readme.write_text(_insert_row(readme.read_text(), README_SECTION, r"\| \d\d \| `", nn,
+                                      f"| {nn} | `{entry.stem}` | {title_text} |", "README.md"))
+        done.append(f"added the row of {nn} to README.md's table '{README_SECTION}'")
+    teaching = root / "docs" / "teaching.md"
+    if nn not in dict(_teaching_rows(teaching.read_text())):
+        names = re.search(r"names=\(([^)]*)\)", (root / entry.grading).read_text())
+        writes = ", ".join(f"`{n}`" for n in re.findall(r'"(\w+)"', names.group(1))) if names else "-"
+        teaching.write_text(_insert_row(teaching.read_text(), TEACHING_SECTION, r"\| \d\d \| ", nn,
+                                        f"| {nn} | {writes} | {len(_parts(root, entry))} |", "docs/teaching.md"))
+        done.append(f"added the row of exercise {nn} to docs/teaching.md's table '{TEACHING_SECTION}'")
+    before = [e for e in course if e.nn < nn]
+    if before and _link_from_previous(root, before[-1], entry, title_text):
+        done.append(f"linked {before[-1].notebook} to it (**Next:**)")
+    row = json.loads((root / "results" / "timings.json").read_text())["rows"].get(nn, {})
+    if timings and not all(isinstance(row.get(f), int) for f in ("notebooks", "solutions")):
+        _time(root, nn)
+        done.append(f"timed {entry.notebook} and {entry.solution} into results/timings.json and docs/teaching.md")
+    return done
+
+
+def _time(root: Path, nn: str) -> None:
+    """``python -m course_utils.readme --render --timings NN``, in a process of its own (its
+    notebooks must import this checkout's course_utils)."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    r = subprocess.run([sys.executable, "-m", "course_utils.readme", "--render", "--timings", nn],
+                       cwd=root, env=env, capture_output=True, text=True)
+    if r.returncode:
+        raise ValueError(f"timing notebook {nn} failed (python -m course_utils.readme --render --timings {nn}):\n"
+                         + (r.stdout + r.stderr)[-3000:])
+
+
+NEXT_STEPS = """
+Next (CONTRIBUTING.md, "Adding a notebook"):
+  1. write the lesson in {notebook} (keep its shape: question, predict-then-measure, takeaways);
+  2. write the exercise in {solution} and its parts in {grading}, then
+     python -m course_utils.grading.generate      # exercises/ from solutions/
+  3. list the typical wrong answers in {wrong};
+  4. describe it in README.md ('The notebooks') and docs/teaching.md ('Exercises');
+  5. python -m course_utils.readme --render --timings {nn}   # its run time
+     python -m pytest -q tests/test_course_layout.py tests/test_exercises.py -k {nn} {notebook}
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m course_utils.scaffold", description=__doc__.splitlines()[0])
+    ap.add_argument("nn", nargs="?", help="the notebook's number, two digits (the next one for a new notebook)")
+    ap.add_argument("title", nargs="?", help="a new notebook's title, e.g. \"Activation offloading\"")
+    ap.add_argument("--check", action="store_true", help="only list what is missing or disagrees")
+    ap.add_argument("--no-timings", action="store_true", help="do not time the new notebook (about a minute)")
+    args = ap.parse_args(argv)
+    if args.check or args.nn is None:
+        found = problems()
+        print("\n".join(found) or "the course's parts agree")
+        return 1 if found else 0
+    try:
+        done = scaffold(args.nn, args.title, timings=not args.no_timings)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if not done:
+        print(f"notebook {args.nn} has all its parts already")
+        return 0
+    print("\n".join(done))
+    e = next(e for e in entries() if e.nn == args.nn)
+    print(NEXT_STEPS.format(nn=e.nn, notebook=e.notebook, solution=e.solution, grading=e.grading, wrong=e.wrong))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Adding a notebook is one step: in a copy of the repository, `python -m course_utils.scaffold`
+makes the next notebook with its exercise, and the course's tests accept it with no other edit:
+the consistency checks, the new exercise's grading tests (full marks, untouched 0, its wrong
+answers), the generator and nbgrader-metadata checks, the student release, the generated
+tables, and the new notebook and solution under nbval."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from course_utils import scaffold
+
+ROOT = scaffold.ROOT
+
+
+def _repository_files() -> list[str]:
+    """The files of the checkout: tracked, and new ones git does not ignore."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                             capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as err:
+        pytest.skip(f"not a git checkout ({err}): the test copies the files git lists")
+    return [f for f in out.decode().split("\0") if f and (ROOT / f).is_file()]
+
+
+@pytest.mark.scaffold
+@pytest.mark.timeout(600)
+def test_a_scaffolded_next_notebook_passes_the_tests_with_no_other_edit(tmp_path):
+    copy = tmp_path / "course"
+    for rel in _repository_files():
+        (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, copy / rel)
+    nn = f"{int(scaffold.entries()[-1].nn) + 1:02d}"
+    env = {**os.environ, "PYTHONPATH": str(copy), "COURSE_SIZE": "tiny", "MPLBACKEND": "Agg"}
+    made = subprocess.run([sys.executable, "-m", "course_utils.scaffold", nn, "A throwaway notebook"],
+                          cwd=copy, env=env, capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stdout + made.stderr
+    new = scaffold.Entry(nn, f"{nn}_a_throwaway_notebook")
+    for rel in (new.notebook, new.solution, new.exercise, new.grading, new.wrong):
+        assert (copy / rel).is_file(), f"the scaffold did not write {rel}:\n{made.stdout}"
+    assert scaffold.problems(copy) == []
+    selected = " or ".join([nn, "course_layout", "every_exercise", "three_parts", "committed_exercises",
+                            "nbgrader_metadata", "release_has_no_answers", "teaching_timings", "readme_blocks"])
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-k", selected,
+                          "tests/test_course_layout.py", "tests/test_exercises.py", "tests/test_grading.py",
+                          "tests/test_readme.py", new.notebook, new.solution],
+                         cwd=copy, env=env, capture_output=True, text=True, timeout=500)
+    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-2000:]
+    passed = [line[len("PASSED "):] for line in run.stdout.splitlines() if line.startswith("PASSED ")]
+    # the new exercise's grading tests and both new notebooks were among them
+    for item in (f"tests/test_exercises.py::test_solution_full_marks_untouched_zero[{nn}]",
+                 f"tests/test_exercises.py::test_typical_wrong_answer_fails_its_part[{nn}-",
+                 "tests/test_course_layout.py::test_the_course_parts_agree[check_links]",
+                 f"{new.notebook}::Cell 0", f"{new.solution}::Cell 0"):
+        assert any(p.startswith(item) for p in passed), (item, run.stdout[-3000:])
