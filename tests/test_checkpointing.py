@@ -2,8 +2,6 @@
 recomputed FLOPs counted, the memory ordering of the frontier options, timing reported with its
 noise."""
 
-import contextlib
-
 import pytest
 import torch
 from torch import nn
@@ -189,7 +187,27 @@ def test_sqrt_fit_recovers_a_known_curve():
 def test_offload_on_a_real_cpu_changes_nothing_and_simulation_needs_fake_tensors():
     from course_utils.checkpointing import _pack_simulated
 
-    assert isinstance(offload_saved(torch.randn(1)), contextlib.nullcontext)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    packed = []
+
+    def count(t):
+        packed.append(t)
+        return t
+
+    def saved_inside_offload(x):
+        """How many tensors an outer saved_tensors_hooks sees when ``x.sigmoid()`` runs inside
+        ``offload_saved(x)`` (hooks nest: an inner pair hides the outer one)."""
+        packed.clear()
+        with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t), offload_saved(x):
+            y = x.sigmoid()
+        return len(packed), y
+
+    n, y = saved_inside_offload(torch.randn(4, requires_grad=True))
+    assert n == 1 and y.grad_fn._saved_result.data_ptr() == y.data_ptr()  # a CPU tensor: saved as is
+    with FakeTensorMode():
+        n, _ = saved_inside_offload(torch.randn(4, requires_grad=True))
+    assert n == 0  # a fake tensor: the simulation packed it
     with pytest.raises(RuntimeError, match="FakeTensorMode only"):
         _pack_simulated(torch.randn(2))
 

@@ -29,9 +29,18 @@ def test_the_fast_headlines_recompute_to_the_committed_figures():
             f"{committed[row['key']]['course']!r}. Run `python -m course_utils.readme`.")
 
 
-def test_benchmark_block_names_a_gpu_run_or_its_absence():
-    block = readme.render_benchmarks()
-    assert "No GPU run has been recorded yet" in block or "Measured: cuda" in block
+def test_benchmark_block_names_a_gpu_run_or_its_absence(tmp_path):
+    """No GPU table: the block says so, above the CPU prediction. A GPU table: it comes first and
+    the "not recorded" line is gone. The committed block is the one its folder implies."""
+    absent = "No GPU run has been recorded yet"
+    (tmp_path / "cpu-large.md").write_text("CPU PREDICTION\n")
+    block = readme.render_benchmarks(tmp_path)
+    assert block.startswith("**" + absent) and block.endswith("CPU PREDICTION")
+    (tmp_path / "cuda-h100-large.md").write_text("GPU MEASURED\n")
+    block = readme.render_benchmarks(tmp_path)
+    assert absent not in block and block.index("GPU MEASURED") < block.index("CPU PREDICTION")
+    committed_gpu = [p for p in readme.BENCHMARKS.glob("*.md") if not p.name.startswith("cpu-")]
+    assert (absent in readme.render_benchmarks()) == (not committed_gpu)
 
 
 def test_teaching_timings_are_rendered_from_the_committed_measurement():
