@@ -4,7 +4,8 @@
 make that safe and fast here:
 
 * a notebook's cells run in order in one kernel, so all the cells of one notebook form one
-  xdist group (one worker runs them, in order); the unit tests spread freely;
+  xdist group (one worker runs them, in order); so do a test module's tests that share a
+  module-scoped fixture (computed once, not once per worker); the other tests spread freely;
 * each worker (and every kernel or rank it starts) uses one torch thread: two workers with two
   threads each on two cores would fight over them.
 """
@@ -26,9 +27,20 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "xdist_group(name): run these tests on one xdist worker, in order")
 
 
+def _shares_a_fixture(item) -> bool:
+    """Whether ``item`` uses a fixture computed once per module or class (a launch of ranks, a
+    float64 U-Net step): its module's users of such fixtures go to one worker, or each worker
+    would compute it again."""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = getattr(info, "name2fixturedefs", {}) or {}
+    return any(getattr(d, "scope", "function") in ("module", "class") for ds in defs.values() for d in ds)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        path = str(item.path)
+        path = os.path.relpath(str(item.path), config.rootpath)
         if path.endswith(".ipynb"):
-            item.add_marker(pytest.mark.xdist_group(name=os.path.relpath(path, config.rootpath)))
+            item.add_marker(pytest.mark.xdist_group(name=path))
+        elif _shares_a_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(name=path + "::shared fixtures"))
