@@ -95,8 +95,11 @@ M = Mutant
 CU = PACKAGE + "/"
 MUTANTS: list[Mutant] = []  # filled in below
 MEM, UNET, CFG, ABN = CU + "memory.py", CU + "unet.py", CU + "config.py", CU + "inplace_abn.py"
-PAR, ALLOC, AMP, TRAIN, EXPL = (CU + "parallel.py", CU + "allocator.py", CU + "amp_rules.py",
-                                CU + "train.py", CU + "explorer.py")
+ALLOC, AMP, TRAIN, EXPL = CU + "allocator.py", CU + "amp_rules.py", CU + "train.py", CU + "explorer.py"
+# course_utils/parallel/ is a package: each mutant names the file its text is in (module "parallel")
+PAR = CU + "parallel/"
+PAR_LAUNCH, PAR_DP, PAR_FSDP, PAR_PIPE = (PAR + "launcher.py", PAR + "data_parallel.py", PAR + "fsdp.py",
+                                          PAR + "pipeline.py")
 
 MUTANTS += [
     # -- memory: SavedTensorMeter ----------------------------------------------------------
@@ -283,59 +286,59 @@ MUTANTS += [
 _LAUNCH_FAIL = LAUNCH + "::test_a_failure_stops_every_rank_at_once_and_nothing_survives"
 MUTANTS += [
     # -- parallel: launch ---------------------------------------------------------------------
-    M("launch-no-deadline", PAR,
+    M("launch-no-deadline", PAR_LAUNCH,
       "                if remaining <= 0:\n                    timed_out = True",
       "                if False:\n                    timed_out = True",
       "launch never enforces timeout_s (a hung rank runs until a collective gives up, or forever)",
       tests=(LAUNCH + "::test_past_the_deadline_the_hung_rank_is_named_and_nothing_survives",)),
-    M("launch-no-group-kill", PAR,
+    M("launch-no-group-kill", PAR_LAUNCH,
       "                os.killpg(p.pid, signal.SIGKILL)",
       "                pass",
       "launch kills the ranks but not their process groups (what a worker started is orphaned)",
       tests=(_LAUNCH_FAIL,)),
-    M("launch-no-reap", PAR,
+    M("launch-no-reap", PAR_LAUNCH,
       "            p.join(timeout=10)",
       "            pass",
       "launch does not reap the killed ranks (zombies)",
       tests=(_LAUNCH_FAIL,)),
-    M("launch-blames-the-waiter", PAR,
+    M("launch-blames-the-waiter", PAR_LAUNCH,
       "        culprit = first(hung)\n        where",
       "        culprit = first(waited)\n        where",
       "a hung rank's peer, which timed out waiting in a collective, is blamed",
       tests=(LAUNCH + "::test_a_hung_rank_is_blamed_not_the_peer_that_timed_out",)),
-    M("launch-signal-unnamed", PAR,
+    M("launch-signal-unnamed", PAR_LAUNCH,
       "            return f\"killed by signal {signal.Signals(-code).name}\"",
       "            return f\"killed by signal {-code}\"",
       "a rank killed by a signal is reported by number, not by name (no hint)",
       tests=(LAUNCH + "::test_a_rank_killed_by_a_signal_is_named_with_the_signal[SIGKILL]",)),
-    M("launch-peer-gone-is-a-cause", PAR,
+    M("launch-peer-gone-is-a-cause", PAR_LAUNCH,
       "            if any(s in rec[\"error\"] for s in _PEER_GONE):",
       "            if False:",
       "a rank that failed because its peer closed the connection is treated as a cause",
       tests=("tests/test_mutants_parallel.py",)),
     # -- parallel: the demos' arithmetic ------------------------------------------------------
-    M("cross-replica-bn-var-within-only", PAR,
+    M("cross-replica-bn-var-within-only", PAR_DP,
       "        var = (m2s + counts * (means - mean).square()).sum(0) / n",
       "        var = m2s.sum(0) / n",
       "CrossReplicaBatchNorm3d drops the between-rank term of Chan's variance formula"),
-    M("1f1b-warmup-one-more", PAR,
+    M("1f1b-warmup-one-more", PAR_PIPE,
       "    warm = min(stages - 1 - stage, m)",
       "    warm = min(stages - stage, m)",
       "1F1B fills the pipe with one forward too many per stage"),
-    M("fsdp-working-forgets-unsharded-grads", PAR,
+    M("fsdp-working-forgets-unsharded-grads", PAR_FSDP,
       "            \"working\": sum(rest.values()) + (2 * largest + root) * b,",
       "            \"working\": sum(rest.values()) + (largest + root) * b,",
       "fsdp_rank_memory's working peak leaves out the largest unit's unsharded gradient"),
-    M("stage-of-downs-in-decoder", PAR,
+    M("stage-of-downs-in-decoder", PAR_PIPE,
       "    return 0 if name.split(\".\")[0] in (\"inc\", \"downs\") else 1",
       "    return 0 if name.split(\".\")[0] in (\"inc\",) else 1",
       "stage_of puts the Down blocks in the decoder stage"),
-    M("pipeline-layouts-1f1b-keeps-two", PAR,
+    M("pipeline-layouts-1f1b-keeps-two", PAR_PIPE,
       "saved[s] * min(2 - s, b) / b) for s in (0, 1)}",
       "saved[s] * min(2, b) / b) for s in (0, 1)}",
       "pipeline_layouts: under 1F1B the last stage keeps two micro-batches instead of one",
       tests=("tests/test_mutants_parallel.py",)),
-    M("relative-error-absolute", PAR,
+    M("relative-error-absolute", PAR_DP,
       "    return diff / max(b.detach().abs().max().item() for b in ref)",
       "    return diff",
       "relative_error returns the absolute difference"),
