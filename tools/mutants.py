@@ -104,6 +104,7 @@ ALLOC, AMP, TRAIN, EXPL = CU + "allocator.py", CU + "amp_rules.py", CU + "train.
 PAR = CU + "parallel/"
 PAR_LAUNCH, PAR_DP, PAR_FSDP, PAR_PIPE = (PAR + "launcher.py", PAR + "data_parallel.py", PAR + "fsdp.py",
                                           PAR + "pipeline.py")
+NUM = CU + "numerics.py"
 
 MUTANTS += [
     # -- memory: SavedTensorMeter ----------------------------------------------------------
@@ -342,10 +343,19 @@ MUTANTS += [
       "saved[s] * min(2, b) / b) for s in (0, 1)}",
       "pipeline_layouts: under 1F1B the last stage keeps two micro-batches instead of one",
       tests=("tests/test_mutants_parallel.py",)),
-    M("relative-error-absolute", PAR_DP,
+    M("relative-error-absolute", NUM,
       "    return diff / max(b.detach().abs().max().item() for b in ref)",
       "    return diff",
       "relative_error returns the absolute difference"),
+    # -- numerics: BatchNorm's running statistics (tiling, spatial, CrossReplicaBatchNorm3d) ------
+    M("running-var-biased", NUM,
+      "        unbiased = var.detach() * count / max(count - 1, 1)",
+      "        unbiased = var.detach()",
+      "update_running_stats averages the biased variance into running_var (nn.BatchNorm: unbiased)"),
+    M("running-stats-momentum-none-fixed", NUM,
+      "        f = 1.0 / float(bn.num_batches_tracked) if bn.momentum is None else bn.momentum",
+      "        f = 0.1 if bn.momentum is None else bn.momentum",
+      "update_running_stats uses momentum 0.1 where momentum=None asks for a cumulative average"),
     # -- allocator (the caching-allocator model) ----------------------------------------------
     M("allocator-first-fit", ALLOC,
       "        block = min(fits, key=lambda b: (b.size, b.segment, b.offset))  # best fit",

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..memory import SavedTensorMeter
+from ..numerics import normalise, relative_error, update_running_stats
 from ..unet import UNet3D
 from .launcher import compared
 
@@ -65,17 +66,8 @@ class CrossReplicaBatchNorm3d(nn.BatchNorm3d):
         n = counts.sum()
         mean = (counts * means).sum(0) / n
         var = (m2s + counts * (means - mean).square()).sum(0) / n  # biased: what BN normalises with
-        if self.track_running_stats and self.running_mean is not None:
-            with torch.no_grad():
-                self.num_batches_tracked.add_(1)
-                m = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)
-                unbiased = var.detach() * n / (n - 1)
-                self.running_mean.mul_(1 - m).add_(mean.detach().to(self.running_mean.dtype), alpha=m)
-                self.running_var.mul_(1 - m).add_(unbiased.to(self.running_var.dtype), alpha=m)
-        y = (xf - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
-        if self.affine:
-            y = y * self.weight.view(shape) + self.bias.view(shape)
-        return y.to(x.dtype)
+        update_running_stats(self, mean, var, int(n.item()))
+        return normalise(self, xf, mean, var).to(x.dtype)
 
 
 @compared
@@ -147,18 +139,6 @@ def global_batch(config: dict) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1234 + config.get("data_seed", config.get("seed", 0)))
     b, vol = config.get("global_batch", 4), tuple(config.get("volume", (8, 16, 16)))
     return torch.randn(b, 1, *vol, generator=g), torch.randint(0, 5, (b, *vol), generator=g)
-
-
-def relative_error(got: Sequence[torch.Tensor], ref: Sequence[torch.Tensor]) -> float:
-    """Largest difference between two lists of tensors, relative to the largest reference value.
-    (Per-tensor ratios would blow up on conv biases in front of BatchNorm, whose true gradient is
-    zero and whose computed one is rounding noise.) Works across devices."""
-    got, ref = list(got), list(ref)
-    if len(got) != len(ref):
-        raise ValueError(f"relative_error: {len(got)} tensors vs {len(ref)} reference tensors")
-    diff = max((a.detach().cpu().double() - b.detach().cpu().double()).abs().max().item()
-               for a, b in zip(got, ref))
-    return diff / max(b.detach().abs().max().item() for b in ref)
 
 
 def single_process_grads(config: dict, device: torch.device | str = "cpu") -> list[torch.Tensor]:
