@@ -76,3 +76,23 @@ def test_the_sandbox_strips_every_refused_object_from_the_file_it_lives_in():
                 f"({obj.__module__}) in the exercise's refused map (course_utils/grading/ex{nn_id}.py)")
     finally:
         shutil.rmtree(grader.workdir, ignore_errors=True)
+
+
+def test_the_installed_package_includes_every_subpackage():
+    """``pip install .`` ships what pyproject.toml's [tool.setuptools] selects: an explicit
+    package list that misses a subpackage (course_utils.memory, .parallel...) installs a course
+    that cannot import itself."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    setuptools = pytest.importorskip("setuptools")
+    root = PACKAGE_DIR.parent
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    if "packages" in config and isinstance(config["packages"], list):
+        shipped = set(config["packages"])
+    else:
+        find = config["packages"]["find"]
+        shipped = set(setuptools.find_packages(where=str(root / find.get("where", ["."])[0]),
+                                               include=find.get("include", ["*"]), exclude=find.get("exclude", ())))
+    present = {".".join(p.parent.relative_to(root).parts) for p in PACKAGE_DIR.rglob("__init__.py")
+               if "__pycache__" not in p.parts}
+    assert present <= shipped, (f"pyproject.toml's [tool.setuptools] leaves out {sorted(present - shipped)}: "
+                                "list them, or select course_utils* with [tool.setuptools.packages.find]")
