@@ -96,3 +96,18 @@ def test_the_installed_package_includes_every_subpackage():
                if "__pycache__" not in p.parts}
     assert present <= shipped, (f"pyproject.toml's [tool.setuptools] leaves out {sorted(present - shipped)}: "
                                 "list them, or select course_utils* with [tool.setuptools.packages.find]")
+
+
+def test_the_package_docstring_lists_every_module():
+    """course_utils' docstring is the map a new teacher reads first: a module it leaves out is
+    one they will not find."""
+    import re
+
+    listed = set()
+    for line in course_utils.__doc__.splitlines():
+        if line.startswith("* ") and " -- " in line:  # "* ``name`` -- what", "* ``a``, ``b`` -- what"
+            listed.update(re.findall(r"``(\w+)``", line[2:].split(" -- ")[0]))
+    modules = {m.name for m in pkgutil.iter_modules(course_utils.__path__)}
+    assert modules <= listed, (f"course_utils/__init__.py's module index leaves out {sorted(modules - listed)}: "
+                               "add a line '* ``name`` -- what it is for' to its docstring")
+    assert listed <= modules, f"the index lists modules that do not exist: {sorted(listed - modules)}"
