@@ -1,23 +1,39 @@
 """course_utils: the small helper package of the GPU-memory course.
 
-One concept a module:
+One concept a module (tests/test_layout.py checks that every module is listed here):
 
-* ``config``     -- ``setup()``: device (CUDA if present) and size preset (``COURSE_SIZE``)
-* ``unet``       -- the 3D U-Net of seed 000, block by block
-* ``data``       -- synthetic 5-class 3D segmentation volumes
-* ``train``      -- a training step, a short loop, the Dice score
-* ``memory``     -- saved-for-backward meter, hook table (MemTracker), GPU-free peak predictor,
-                    CUDA peaks, out-of-memory explained
-* ``amp_rules``  -- CUDA's autocast rules on a CPU, checked against the real AutocastCUDA kernels
-* ``tf32``       -- TF32: ``exact_fp32()`` for comparisons, ``emulate_tf32()`` for CI
-* ``allocator``  -- the CUDA caching allocator: snapshots, expandable segments
-* ``limit_test`` -- seed 003's Conv3d 1-4-8-1 memory-limit net
-* ``inplace_abn`` -- In-Place Activated BatchNorm (BN + leaky ReLU, stores only its output)
-* ``compare``    -- ``technique_table``: baseline vs technique in one table; ``step_time``
-* ``checkpointing`` -- BN-safe checkpointing, selective policy, sqrt(n) stack, DenseNet block
-* ``parallel``   -- DDP, FSDP2 and GPipe workers launched from a notebook or torchrun
-* ``explorer``   -- every technique as a switch: predicted memory and the largest batch
-* ``grading``    -- the exercises' checks (one module each), generator, student release, grader
+* ``config``         -- ``setup()``: device (CUDA if present) and size preset (``COURSE_SIZE``)
+* ``unet``           -- the 3D U-Net of seed 000, block by block
+* ``data``           -- synthetic 5-class 3D segmentation volumes
+* ``train``          -- a training step, a short loop, the Dice score
+* ``memory``         -- (a package) saved-for-backward meter, hook table (MemTracker), GPU-free
+                        peak predictor, CUDA peaks, out-of-memory explained
+* ``amp_rules``      -- CUDA's autocast rules on a CPU, checked against the real AutocastCUDA kernels
+* ``tf32``           -- TF32: ``exact_fp32()`` for comparisons, ``emulate_tf32()`` for CI
+* ``allocator``      -- the CUDA caching allocator: snapshots, expandable segments, its model
+* ``recorded``       -- figures recorded on a GPU, shown (with their origin) where there is none
+* ``limit_test``     -- seed 003's Conv3d 1-4-8-1 memory-limit net
+* ``tiling``         -- a volume trained in slabs: the derived halo, the exact tiled step (BatchNorm
+                        included), its memory predicted and measured
+* ``spatial``        -- spatial parallelism: one slab per rank, halos exchanged
+* ``numerics``       -- ``relative_error`` and BatchNorm's arithmetic, shared by tiling, spatial
+                        and parallel
+* ``inplace_abn``    -- In-Place Activated BatchNorm (BN + leaky ReLU, stores only its output)
+* ``compare``        -- ``technique_table``: baseline vs technique in one table; ``step_time``
+* ``checkpointing``  -- BN-safe checkpointing, selective policy, sqrt(n) stack, DenseNet block
+* ``densenet``       -- seed 004's DenseNet-169 on 512 x 512 X-rays, naive and memory-efficient
+* ``parallel``       -- (a package) DDP, FSDP2 and pipeline workers launched from a notebook or
+                        torchrun, cross-replica BatchNorm, schedules, layouts
+* ``parallel_plots`` -- drawings for notebooks 08 and 09: per-rank memory, pipeline schedules
+* ``explorer``       -- every technique as a switch: predicted memory and the largest batch
+* ``benchmark``      -- every technique on seed 000's U-Net, predicted and (on a GPU) measured
+* ``gpu_report``     -- the GPU kit: one command runs the course on a CUDA GPU and records it
+* ``readme``         -- README's figures, computed, and its generated tables
+* ``grading``        -- (a package) the exercises' checks (one module each), generator, student
+                        release, grader
+* ``exercises``, ``grade`` -- old command lines kept working: ``python -m course_utils.exercises``
+                        (now ``grading.generate``) and ``python -m course_utils.grade``
+                        (now ``grading.grade``)
 """
 
 from .config import PRESETS, CourseSetup, Preset, setup

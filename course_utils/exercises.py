@@ -1,5 +1,6 @@
-"""Kept for ``python -m course_utils.exercises`` (the command COMMON.md gives): the generator now
-lives in ``course_utils.grading.generate``."""
+"""Kept so that the old command ``python -m course_utils.exercises`` still works: the generator
+(exercises/ from solutions/) now lives in ``course_utils.grading.generate``, whose command
+docs/teaching.md gives."""
 
 import sys
 

@@ -1,5 +1,5 @@
-"""Kept for ``python -m course_utils.grade`` (the README's command): the grader now lives in
-``course_utils.grading.grade``."""
+"""Kept for ``python -m course_utils.grade`` (the command docs/teaching.md gives, beside
+``python -m course_utils.grading.grade``): the grader lives in ``course_utils.grading.grade``."""
 
 import sys
 

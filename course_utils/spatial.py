@@ -49,8 +49,8 @@ from torch import nn
 
 from .memory import SavedTensorMeter, default_dtype
 from .parallel import compared
-from .tiling import (ConvChain, Tile, TilingError, _normalise, _region, _update_running_stats, _uses_batch_stats,
-                     conv_chain, run_chain)
+from .numerics import normalise, update_running_stats, uses_batch_stats
+from .tiling import ConvChain, Tile, TilingError, conv_chain, region, run_chain
 
 #: bytes sent by this process, per direction of the pass (reset by spatial_worker)
 EXCHANGED = {"forward": 0, "backward": 0}
@@ -142,7 +142,7 @@ def _global_norm(stats_log: list):
     """BatchNorm with the statistics of the whole volume: per-channel sums over each rank's
     owned voxels, all-reduced."""
     def norm(i: int, bn: nn.Module, a: torch.Tensor, own: tuple[slice, ...]) -> torch.Tensor:
-        own_a = _region(a, own)
+        own_a = region(a, own)
         dims = [0, *range(2, own_a.dim())]
         c = own_a.shape[1]
         n = torch.full((1,), own_a.numel() // c, dtype=a.dtype, device=a.device)
@@ -151,7 +151,7 @@ def _global_norm(stats_log: list):
         mean = s[:c] / count
         var = s[c:2 * c] / count - mean * mean
         stats_log.append((bn, mean.detach(), var.detach(), int(count.item())))
-        return _normalise(bn, a, mean, var)
+        return normalise(bn, a, mean, var)
     return norm
 
 
@@ -172,7 +172,7 @@ def forward_per_layer(chain: ConvChain, x: torch.Tensor, dim: int, stats_log: li
                 x = conv_with_halos(conv_fn, m, x, r, dim, tuple(padding))
             else:
                 x = conv_fn(x, m.weight, m.bias, 1, tuple(padding), m.dilation, m.groups)
-        elif layer.kind == "batchnorm" and _uses_batch_stats(m):
+        elif layer.kind == "batchnorm" and uses_batch_stats(m):
             x = norm(i, m, x, whole)
             i += 1
         else:
@@ -202,7 +202,7 @@ def forward_input_once(chain: ConvChain, x: torch.Tensor, dim: int,
     own = tuple(slice(lo, lo + t) if a == axis else slice(0, n) for a, n in enumerate(shape))
     tile = Tile((rank,), own, tuple(slice(0, n) for n in shape), shape)
     out, local = run_chain(chain, slab, tile, _global_norm(stats_log))
-    return _region(out, local)
+    return region(out, local)
 
 
 # --------------------------------------------------------------------------------------------
@@ -298,7 +298,7 @@ def spatial_worker(rank: int, world: int, device: torch.device, config: dict) ->
     dist.all_reduce(total, op=dist.ReduceOp.SUM)
     seconds = time.perf_counter() - t0
     for bn, mean, var, count in stats_log:
-        _update_running_stats(bn, mean, var, count)
+        update_running_stats(bn, mean, var, count)
     return {"rank": rank, "exchange": exchange, "owned": (lo, hi), "loss": total.item(),
             "grads": [p.grad.detach().cpu().clone() for p in net.parameters()],
             "running": [b.detach().cpu().clone() for b in net.buffers()],

@@ -76,6 +76,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .numerics import normalise, relative_error, update_running_stats, uses_batch_stats
+
 
 class TilingError(ValueError):
     """The model or the split cannot be tiled exactly; the message names the fix."""
@@ -126,15 +128,11 @@ class ConvChain:
     @property
     def batch_stat_norms(self) -> list[nn.Module]:
         """BatchNorm layers that normalise with batch statistics (training mode)."""
-        return [l.module for l in self.layers if l.kind == "batchnorm" and _uses_batch_stats(l.module)]
+        return [l.module for l in self.layers if l.kind == "batchnorm" and uses_batch_stats(l.module)]
 
     @property
     def in_channels(self) -> int:
         return next(l.module.in_channels for l in self.layers if l.kind == "conv")
-
-
-def _uses_batch_stats(bn: nn.Module) -> bool:
-    return bn.training or bn.running_mean is None
 
 
 def _conv_radius(path: str, m: nn.Module) -> tuple[int, ...]:
@@ -371,14 +369,6 @@ def plan_tiles(shape: Sequence[int], tiles: int | Sequence[int], halo: int | Seq
 # --------------------------------------------------------------------------------------------
 # Running a slab
 # --------------------------------------------------------------------------------------------
-def _normalise(bn: nn.Module, x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
-    shape = (1, -1) + (1,) * (x.dim() - 2)
-    y = (x - mean.view(shape)) * torch.rsqrt(var.view(shape) + bn.eps)
-    if bn.affine:
-        y = y * bn.weight.view(shape) + bn.bias.view(shape)
-    return y
-
-
 def _needed_ranges(chain: ConvChain, tile: Tile):
     """For each convolution of the chain, on this tile (per spatial axis, global coordinates):
     the input range it takes from the previous layer's output, the symmetric zero padding it
@@ -444,7 +434,7 @@ def run_chain(chain: ConvChain, x: torch.Tensor, tile: Tile | None = None,
             if any(sl.start or sl.stop != n for sl, n in zip(crop, x.shape[-nd:])):
                 x = x[(Ellipsis,) + crop]
             start = [k0 for k0, _ in keep]
-        elif layer.kind == "batchnorm" and _uses_batch_stats(m):
+        elif layer.kind == "batchnorm" and uses_batch_stats(m):
             if i == stop_at_norm:
                 return x, local_own()
             if norm is None:
@@ -470,29 +460,18 @@ def work_factor(chain: ConvChain, plan: Sequence[Tile]) -> float:
     return tiled / full
 
 
-def _region(t: torch.Tensor, spatial: tuple[slice, ...]) -> torch.Tensor:
-    """Cut the spatial region out of (B, C, *spatial) or (B, *spatial) (class-index targets)."""
+def region(t: torch.Tensor, spatial: tuple[slice, ...]) -> torch.Tensor:
+    """Cut the spatial region (a tile's ``own`` or ``read``, in the tensor's coordinates) out of
+    (B, C, *spatial) or (B, *spatial) (class-index targets)."""
     lead = t.dim() - len(spatial)
     return t[(slice(None),) * lead + spatial]
 
 
 def _owned_sums(a: torch.Tensor, local: tuple[slice, ...]) -> tuple[torch.Tensor, torch.Tensor, int]:
-    own = _region(a, local)
+    own = region(a, local)
     dims = [0, *range(2, own.dim())]
     own64 = own.double() if own.dtype != torch.float64 else own
     return own64.sum(dims), (own64 * own64).sum(dims), own.numel() // own.shape[1]
-
-
-def _update_running_stats(bn: nn.Module, mean: torch.Tensor, var: torch.Tensor, count: int) -> None:
-    """What nn.BatchNorm does in training mode: momentum average, unbiased variance."""
-    if not (bn.training and bn.track_running_stats and bn.running_mean is not None):
-        return
-    with torch.no_grad():
-        bn.num_batches_tracked.add_(1)
-        f = 1.0 / float(bn.num_batches_tracked) if bn.momentum is None else bn.momentum
-        bn.running_mean.mul_(1 - f).add_(mean.to(bn.running_mean.dtype), alpha=f)
-        unbiased = var * count / max(count - 1, 1)
-        bn.running_var.mul_(1 - f).add_(unbiased.to(bn.running_var.dtype), alpha=f)
 
 
 def _check_inputs(chain: ConvChain, x: torch.Tensor, target: torch.Tensor) -> None:
@@ -570,8 +549,8 @@ def tiled_step(
         raise TilingError(f"x is on {x.device}, the model on {device}. Fix: move x there, or "
                           "pass stream=True to keep the volume where it is and copy slab by slab.")
 
-    def piece(t: torch.Tensor, region: tuple[slice, ...]) -> torch.Tensor:
-        p = _region(t, region)
+    def piece(t: torch.Tensor, spatial: tuple[slice, ...]) -> torch.Tensor:
+        p = region(t, spatial)
         return p.to(device, copy=True, non_blocking=True) if stream else p
 
     norms = chain.batch_stat_norms
@@ -583,7 +562,7 @@ def tiled_step(
 
     def fixed(i: int, bn: nn.Module, a: torch.Tensor, own: tuple[slice, ...]) -> torch.Tensor:
         mean, var = stats[i]
-        return _normalise(bn, a, mean, var)
+        return normalise(bn, a, mean, var)
 
     for k in range(len(norms)):
         s1 = s2 = None
@@ -604,7 +583,7 @@ def tiled_step(
     total = torch.zeros((), dtype=torch.float64, device=device)
     for tile in plan:
         out, own = run_chain(chain, piece(x, tile.read), tile, fixed)
-        loss = loss_fn(_region(out, own), piece(target, tile.own), reduction="sum") / count
+        loss = loss_fn(region(out, own), piece(target, tile.own), reduction="sum") / count
         del out
         loss.backward()
         total += loss.detach()
@@ -619,14 +598,14 @@ def tiled_step(
                 continue
             for tile in plan:
                 a, own = run_chain(chain, piece(x, tile.read), tile, fixed, stop_at_norm=k)
-                own = _region(a, own)
+                own = region(a, own)
                 shape = (1, -1) + (1,) * (own.dim() - 2)
                 m = mean.detach().view(shape)
                 surrogate = (g_mean.view(shape) * own + g_var.view(shape) * (own * own - 2 * m * own)).sum() / n_vox
                 surrogate.backward()
                 del a, own, surrogate
     for bn, (mean, var) in zip(norms, stats):
-        _update_running_stats(bn, mean.detach(), var.detach(), n_vox)
+        update_running_stats(bn, mean.detach(), var.detach(), n_vox)
     sweeps = 1 + (2 * len(norms) if bn_backward == "exact" else len(norms))
     return TiledStep(total.to(x.dtype), plan, h, sweeps, work_factor(chain, plan))
 
@@ -641,12 +620,6 @@ def full_step(model: nn.Module, x: torch.Tensor, target: torch.Tensor,
 
 def grads_of(model: nn.Module) -> list[torch.Tensor]:
     return [p.grad.detach().clone() for p in model.parameters()]
-
-
-def relative_error(got: Sequence[torch.Tensor], ref: Sequence[torch.Tensor]) -> float:
-    """max |got - ref| over all gradients / max |ref|."""
-    return (max((a - b).abs().max().item() for a, b in zip(got, ref))
-            / max(b.abs().max().item() for b in ref))
 
 
 def compare_with_untiled(build: Callable[[], nn.Module], x: torch.Tensor, target: torch.Tensor,

@@ -15,7 +15,7 @@ from .core import CheckFailed, Exercise, answer, expect_equal, expect_int, refer
 EX = Exercise("03", "The memory-limit test", names=("naive_estimate", "largest_n", "saved_formula",
                                                     "largest_n_sigmoid"),
               refused={"course_utils.limit_test": ("naive_bytes", "expected_saved_bytes"),
-                       "course_utils.memory": ("largest_that_fits",)})
+                       "course_utils.memory.oom": ("largest_that_fits",)})
 
 
 class SigmoidNet(nn.Sequential):

@@ -16,7 +16,7 @@ from .core import (CheckFailed, Exercise, answer, expect_close, expect_equal, ex
                    reference, seeded, seeded_build)
 
 EX = Exercise("07", "Checkpointing", names=("encoder_forward", "best_segments", "checkpoint_plan"),
-              refused={"course_utils.parallel": ("EncoderStage",)})
+              refused={"course_utils.parallel.pipeline": ("EncoderStage",)})
 
 
 def _encoder_net(seed: int) -> UNet3D:

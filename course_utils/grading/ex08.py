@@ -14,7 +14,8 @@ from .. import parallel
 from .core import CheckFailed, Exercise, expect_equal, expect_grads_close, reference
 
 EX = Exercise("08", "Data parallel", names=("ddp_step", "accumulate_grads"),
-              refused={"course_utils.parallel": ("ddp_worker", "accumulated_grads", "train_worker")})
+              refused={"course_utils.parallel.data_parallel": ("ddp_worker", "accumulated_grads"),
+                       "course_utils.parallel.cli": ("train_worker",)})
 
 #: seed 5: no value of this net's forward pass lies within 8 x fp32's rounding of a ReLU's kink or
 #: a max-pool tie (``parallel.branch_margin``), so a GPU's fp32, which rounds differently from the

@@ -9,7 +9,7 @@ from .core import (CheckFailed, Exercise, expect_close, expect_equal, expect_gra
                    seeded, seeded_build)
 
 EX = Exercise("09", "Model parallel", names=("split_unet", "boundary_bytes"),
-              refused={"course_utils.parallel": ("EncoderStage", "DecoderStage", "TwoStageUNet")})
+              refused={"course_utils.parallel.pipeline": ("EncoderStage", "DecoderStage", "TwoStageUNet")})
 
 
 def _net(seed: int) -> UNet3D:

@@ -1,0 +1,66 @@
+"""Measuring memory with PyTorch's own machinery.
+
+Three instruments, each naming its method in what it prints:
+
+* ``SavedTensorMeter`` -- *saved-for-backward bytes*: every tensor autograd stores for the backward
+  pass goes through ``torch.autograd.graph.saved_tensors_hooks``; we count its storage once (views
+  and in-place results share a storage) and release it when autograd frees it. Device-independent:
+  the same number on CPU and GPU. (Inside a checkpointed region ``torch.utils.checkpoint``'s own
+  hooks take over: what a checkpoint keeps is not seen here; ``Prediction.after_forward`` is.)
+* ``MemoryLog`` -- seed 000's hook table. A subclass of PyTorch's
+  ``torch.distributed._tools.mem_tracker.MemTracker`` (a ``TorchDispatchMode`` that sees every
+  tensor an op creates and when it dies) with one row per module event: pre-forward, forward,
+  pre-backward, backward. Columns: *live tensor bytes* tracked by MemTracker (parameters,
+  gradients, optimizer state, activations, temporaries), saved-for-backward bytes, and on CUDA the
+  allocator's own ``memory_allocated`` / ``memory_reserved``. A finished log holds figures, not
+  tensors: it never keeps the measured model alive.
+* ``predict_step`` -- the course's training step (``train.training_step``) run under the log on
+  ``FakeTensorMode`` tensors: shapes and dtypes, no data, so seed 000's full-size U-Net is
+  "trained" on a laptop CPU in about a second. By default it predicts what a CUDA GPU's
+  ``max_memory_allocated`` shows in the **steady state** (step 2 and later: the optimizer's state
+  exists), under **CUDA's autocast rules** (``amp_rules``), with Adam's multi-tensor (foreach)
+  implementation as on CUDA and the allocator's 512-byte rounding. ``measure_step`` runs the same
+  step on a GPU and reads the allocator.
+
+What a prediction cannot see: the CUDA context (300-600 MiB, never in ``memory_allocated``, but
+part of the card's memory), cuDNN/cuBLAS workspaces (scratch memory the convolution algorithms
+allocate *through* the caching allocator, so it does count in ``memory_allocated`` on a GPU),
+the caching allocator's reserved-but-free blocks (``memory_reserved - memory_allocated``), and
+anything allocated outside PyTorch's dispatcher. ``gpu_report`` measures each on a GPU.
+
+Where things are (every name below is also importable from ``course_utils.memory``):
+
+* ``units``      -- ``MiB``, ``GiB``, ``mib``, ``tensor_bytes``;
+* ``meters``     -- ``SavedTensorMeter``, ``saved_tensors`` (``SavedTensor``), ``LiveBytes``;
+* ``hook_table`` -- ``MemoryLog`` (``Row``, ``CATEGORIES``, ``CUDA_BLOCK_ROUNDING``), ``log_step``;
+* ``predict``    -- ``predict_step`` (``Prediction``, ``method_label``, ``prime_optimizer``,
+  ``default_dtype``) and its twin on a GPU, ``measure_step``;
+* ``oom``        -- ``largest_that_fits``, ``catch_oom``, ``explain_oom``, ``is_oom``;
+* ``cuda``       -- ``cuda_peak`` (``CudaPeak``), ``memory_cap``, ``require_cuda``.
+"""
+
+from .cuda import CudaPeak, cuda_peak, memory_cap, require_cuda
+from .hook_table import CATEGORIES, CUDA_BLOCK_ROUNDING, MemoryLog, Row, log_step
+from .meters import LiveBytes, SavedTensor, SavedTensorMeter, saved_tensors
+from .oom import catch_oom, explain_oom, is_oom, largest_that_fits
+from .predict import (
+    Prediction,
+    _make_optimizer as _make_optimizer,  # private names other modules use: re-exported
+    _target_spec as _target_spec,
+    default_dtype,
+    measure_step,
+    method_label,
+    predict_step,
+    prime_optimizer,
+)
+from .units import GiB, MiB, mib, tensor_bytes
+
+#: the public names (tests/test_layout.py checks that none of the submodules' is missing)
+__all__ = [
+    "CudaPeak", "cuda_peak", "memory_cap", "require_cuda",
+    "CATEGORIES", "CUDA_BLOCK_ROUNDING", "MemoryLog", "Row", "log_step",
+    "LiveBytes", "SavedTensor", "SavedTensorMeter", "saved_tensors",
+    "catch_oom", "explain_oom", "is_oom", "largest_that_fits",
+    "Prediction", "default_dtype", "measure_step", "method_label", "predict_step", "prime_optimizer",
+    "GiB", "MiB", "mib", "tensor_bytes",
+]

@@ -1,0 +1,321 @@
+"""Seed 000's hook table: ``MemoryLog`` (PyTorch's ``MemTracker`` with one row per module event,
+saved-for-backward bytes beside it, the CUDA allocator's figures on a GPU) and ``log_step`` (one
+training step under the log).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from .meters import SavedTensorMeter
+from .units import mib
+
+#: MemTracker's categories, in the order the course stacks them in plots.
+CATEGORIES = ("Parameter", "Buffer", "Gradient", "Optstate", "Activation", "Temp", "Other")
+
+
+@dataclass
+class Row:
+    event: int
+    call: int
+    module: str
+    layer_type: str
+    hook: str  # pre | fwd | bwd_pre | bwd
+    tracked: int  # live tensor bytes (MemTracker)
+    saved: int  # saved-for-backward bytes
+    cuda_allocated: int | None  # torch.cuda.memory_allocated(), None on CPU
+    cuda_reserved: int | None  # torch.cuda.memory_reserved(), None on CPU
+
+
+#: the CUDA caching allocator hands out blocks in multiples of 512 bytes
+CUDA_BLOCK_ROUNDING = 512
+
+
+@contextlib.contextmanager
+def _cuda_block_rounding(enabled: bool) -> Iterator[None]:
+    """Count each fake/CPU storage as the CUDA allocator would: rounded up to 512 bytes
+    (MemTracker does this only for tensors that really are on a CUDA device)."""
+    if not enabled:
+        yield
+        return
+    from torch.distributed._tools import mem_tracker as mt
+
+    original = mt._WeakRefInfo._calculate_mem_consumed
+
+    def rounded(self) -> int:
+        mem = self.size * self.element_size
+        return -(-mem // CUDA_BLOCK_ROUNDING) * CUDA_BLOCK_ROUNDING
+
+    mt._WeakRefInfo._calculate_mem_consumed = rounded
+    try:
+        yield
+    finally:
+        mt._WeakRefInfo._calculate_mem_consumed = original
+
+
+class MemoryLog(MemTracker):
+    """Seed 000's per-layer memory table, from PyTorch's ``MemTracker``.
+
+    Use it like ``MemTracker``: ``track_external`` what was created before, then run one
+    training step inside ``with``. ``log.rows`` has one ``Row`` per module event;
+    ``log.frame()`` is the table in MiB; ``log.plot()`` the timeline; ``log.after_forward`` the
+    bytes per category at the end of the model's forward pass.
+
+    ``MemTracker`` is a private PyTorch API: ``tests/test_memory.py`` pins the parts used here so
+    that an upgrade that changes them fails loudly.
+
+    Why the log removes hooks on exit: MemTracker's ``ModTracker`` registers a multi-grad hook on
+    each module's inputs and drops the handle; the hook's closure refers to the graph node it is
+    attached to, a reference cycle through C++ that Python's garbage collector cannot break, and
+    the node reaches the model's parameters. Without the removal, every tracked model (and its
+    gradients) stays alive after ``del model`` -- gigabytes on a GPU. (``tests/test_memory.py``
+    checks with weak references.)
+    """
+
+    def __init__(self, model: nn.Module | None = None, cuda: bool | None = None,
+                 module_peaks: bool = True, round_like_cuda: bool | None = None):
+        super().__init__()
+        self.module_peaks = module_peaks
+        self.rows: list[Row] = []
+        self._calls: dict[int, int] = {}
+        self._n_calls = 0
+        self._root: int | None = None
+        self.after_forward: dict[str, int] | None = None
+        params = list(model.parameters()) if model is not None else []
+        self.saved = SavedTensorMeter(params)
+        self.cuda = torch.cuda.is_available() if cuda is None else cuda
+        # real CUDA tensors are rounded by MemTracker itself
+        self.round_like_cuda = bool(round_like_cuda) and not self.cuda
+        self._grad_hooks: list[Any] = []
+        self._restore: list[Callable[[], None]] = []
+        self._peak_at: tuple[str, str] = ("(nothing tracked)", "")
+        self._in_forward = False
+
+    def track_external(self, *external: Any) -> None:
+        with _cuda_block_rounding(self.round_like_cuda):
+            super().track_external(*external)
+
+    def _update_peak_stats(self, peak_state) -> None:
+        before = sum(self._peak_mem.values())
+        if self.module_peaks:
+            super()._update_peak_stats(peak_state)
+        else:
+            # only the global peak: MemTracker's per-module loop runs over every module on every
+            # op, and is most of its cost; the explorer needs the global figure alone
+            for dev, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < snap["Total"]:
+                    self._peak_mem[dev] = snap["Total"]
+                    self._peak_mem_snap[dev] = dict(snap)
+        if sum(self._peak_mem.values()) > before:
+            self._peak_at = (self._innermost_module(), "backward" if self._mod_tracker.is_bw
+                             else "forward" if self._in_forward else "optimizer/other")
+
+    def _innermost_module(self) -> str:
+        parents = [p for p in self._mod_tracker.parents if p != "Global"]
+        name = max(parents, key=lambda p: p.count("."), default="(between modules: the loss or the engine)")
+        return name.split(".", 1)[1] if "." in name else name
+
+    @property
+    def peak_location(self) -> tuple[str, str]:
+        """(innermost module, phase) at the moment of the peak: phase is "forward",
+        "backward" (checkpoint recomputation included) or "optimizer/other"."""
+        return self._peak_at
+
+    # -- MemTracker's module hooks, extended with a row each ---------------------------------
+    def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
+        super()._pre_fw_hook(module, inputs)
+        if not self._mod_tracker.is_bw:  # not a recomputation under checkpointing
+            if self._root is None:
+                self._root = id(module)
+            if id(module) == self._root:
+                self._in_forward = True
+            self._calls[id(module)] = self._n_calls
+            self._n_calls += 1
+        self._record(module, "pre")
+
+    def _post_fw_hook(self, module: nn.Module, inputs: Any, outputs: Any) -> None:
+        super()._post_fw_hook(module, inputs, outputs)
+        if id(module) == self._root and not self._mod_tracker.is_bw:
+            self.after_forward = self._snapshot_total("current")
+            self._in_forward = False
+        self._record(module, "fwd")
+
+    def _pre_bw_hook(self, module: nn.Module, args: Any) -> None:
+        super()._pre_bw_hook(module, args)
+        self._record(module, "bwd_pre")
+
+    def _post_bw_hook(self, module: nn.Module, args: Any) -> None:
+        super()._post_bw_hook(module, args)
+        self._record(module, "bwd")
+
+    def _record(self, module: nn.Module | None, hook: str) -> None:
+        if module is None:
+            return
+        name = self._mod_tracker.get_known_fqn(module) or type(module).__name__
+        if "." in name:
+            name = name.split(".", 1)[1]
+        self.rows.append(Row(
+            event=len(self.rows),
+            call=self._calls.get(id(module), -1),
+            module=name,
+            layer_type=type(module).__name__,
+            hook=hook,
+            tracked=self.current_total(),
+            saved=self.saved.current,
+            cuda_allocated=torch.cuda.memory_allocated() if self.cuda else None,
+            cuda_reserved=torch.cuda.memory_reserved() if self.cuda else None,
+        ))
+
+    # -- entering also starts the saved-tensor meter; leaving drops every hook ----------------
+    def __enter__(self) -> "MemoryLog":
+        from torch.distributed._tools import mod_tracker
+
+        register = mod_tracker.register_multi_grad_hook
+
+        def recording(*args: Any, **kwargs: Any):
+            handle = register(*args, **kwargs)
+            self._grad_hooks.append(handle)
+            return handle
+
+        mod_tracker.register_multi_grad_hook = recording
+        self._restore.append(lambda: setattr(mod_tracker, "register_multi_grad_hook", register))
+        rounding = _cuda_block_rounding(self.round_like_cuda)
+        rounding.__enter__()
+        self._restore.append(lambda: rounding.__exit__(None, None, None))
+        super().__enter__()
+        self.saved.__enter__()
+        return self
+
+    def __exit__(self, *args: Any) -> None:
+        try:
+            self.saved.__exit__(*args)
+            super().__exit__(*args)
+        finally:
+            for handle in self._grad_hooks:
+                handle.remove()
+            self._grad_hooks.clear()
+            while self._restore:
+                self._restore.pop()()
+
+    # -- results ------------------------------------------------------------------------------
+    def _snapshot_total(self, kind: str) -> dict[str, int]:
+        out = {c: 0 for c in CATEGORIES}
+        for dev_snap in self.get_tracker_snapshot(kind).values():
+            for k, v in dev_snap.items():
+                key = getattr(k, "value", k)
+                if key in out:
+                    out[key] += v
+        out["Total"] = sum(out[c] for c in CATEGORIES)
+        return out
+
+    def current_total(self) -> int:
+        return self._snapshot_total("current")["Total"]
+
+    def breakdown(self, kind: str = "peak") -> dict[str, int]:
+        """Bytes per category ("Parameter", "Gradient", "Optstate", "Activation", "Temp", ...)
+        at the tracked ``peak`` or ``current`` moment, plus "Total"."""
+        return self._snapshot_total(kind)
+
+    @property
+    def peak(self) -> int:
+        """Peak live tensor bytes during the tracked step (MemTracker)."""
+        return self.breakdown("peak")["Total"]
+
+    def frame(self):
+        """The hook table as a pandas DataFrame, memory in MiB."""
+        import pandas as pd
+
+        df = pd.DataFrame([r.__dict__ for r in self.rows])
+        for col in ("tracked", "saved", "cuda_allocated", "cuda_reserved"):
+            df[col + "_MiB"] = df[col].map(mib).round(2)
+        cols = ["event", "call", "module", "layer_type", "hook", "tracked_MiB", "saved_MiB"]
+        if self.cuda:
+            cols += ["cuda_allocated_MiB", "cuda_reserved_MiB"]
+        return df[cols]
+
+    def per_module_saved(self, leaves_only: bool = True) -> dict[str, int]:
+        """Saved-for-backward bytes each module added during its forward (fwd minus pre),
+        summed over its calls. ``leaves_only`` drops containers (whose figure is the sum of
+        their children's) so that the values add up to the step's total."""
+        names = {r.module for r in self.rows if r.call > 0}
+        parents = {n.rsplit(".", 1)[0] for n in names if "." in n}
+        start: dict[int, int] = {}
+        out: dict[str, int] = {}
+        for r in self.rows:
+            if r.hook == "pre":
+                start[r.call] = r.saved
+            elif r.hook == "fwd" and r.call in start:
+                begin = start.pop(r.call)
+                if leaves_only and (r.call == 0 or r.module in parents):
+                    continue
+                out[r.module] = out.get(r.module, 0) + r.saved - begin
+        return out
+
+    def plot(self, ax=None, title: str | None = None):
+        """Timeline: tracked live bytes and saved bytes (and CUDA allocated/reserved) per event."""
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(10, 3.5))
+        ev = [r.event for r in self.rows]
+        ax.plot(ev, [mib(r.tracked) for r in self.rows], label="live tensors (MemTracker)")
+        ax.plot(ev, [mib(r.saved) for r in self.rows], label="saved for backward")
+        if self.cuda:
+            ax.plot(ev, [mib(r.cuda_allocated) for r in self.rows], "--", label="cuda allocated")
+            ax.plot(ev, [mib(r.cuda_reserved) for r in self.rows], ":", label="cuda reserved")
+        bw = next((r.event for r in self.rows if r.hook.startswith("bwd")), None)
+        if bw is not None:
+            ax.axvspan(bw, ev[-1], color="grey", alpha=0.08, lw=0)
+            ax.text(bw, 0.02, " backward", va="bottom", fontsize=8, transform=ax.get_xaxis_transform())
+            ax.text(0, 0.02, " forward", va="bottom", fontsize=8, transform=ax.get_xaxis_transform())
+        module, phase = self.peak_location
+        ax.axhline(mib(self.peak), color="black", lw=0.8, ls="--")
+        ax.text(0.99, mib(self.peak), f"peak {mib(self.peak):,.0f} MiB: {module} ({phase}) ",
+                ha="right", va="bottom", fontsize=8, transform=ax.get_yaxis_transform())
+        ax.set_xlabel("hook event (module pre/fwd, then bwd_pre/bwd)")
+        ax.set_ylabel("MiB")
+        ax.set_title(title or "memory over one training step")
+        ax.set_ylim(0, mib(self.peak) * 1.12)
+        ax.legend(fontsize=8, loc="center right")
+        return ax
+
+
+def _check_model_and_input(model: Any, x: Any) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"expected an nn.Module, got {type(model).__name__}. Fix: pass the model itself "
+            "(e.g. UNet3D(...)), not its output or its class."
+        )
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"expected the input as a torch.Tensor, got {type(x).__name__}")
+
+
+def log_step(
+    model: nn.Module,
+    x: torch.Tensor,
+    target: torch.Tensor,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy,
+    optimizer: torch.optim.Optimizer | None = None,
+    autocast_dtype: torch.dtype | None = None,
+    module_peaks: bool = True,
+    round_like_cuda: bool = False,
+) -> MemoryLog:
+    """Run one ``training_step`` (zero_grad, forward + loss, backward, optimizer step) under a
+    ``MemoryLog`` and return the log. Whatever exists before the step (parameters, gradients,
+    optimizer state from earlier steps, the batch) is tracked as resident."""
+    from ..train import training_step
+
+    _check_model_and_input(model, x)
+    log = MemoryLog(model, cuda=x.device.type == "cuda", module_peaks=module_peaks,
+                    round_like_cuda=round_like_cuda)
+    extra = [optimizer] if optimizer is not None else []
+    log.track_external(model, x, target, *extra)
+    with log:
+        training_step(model, x, target, optimizer, loss_fn=loss_fn, autocast_dtype=autocast_dtype)
+    return log

@@ -1,0 +1,267 @@
+"""The GPU-free predictor: ``predict_step`` runs the course's training step under ``MemoryLog``
+on ``FakeTensorMode`` tensors (``Prediction``: peak, breakdown, method); ``measure_step`` runs the
+same step on a real GPU and reads the caching allocator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from .cuda import CudaPeak, cuda_peak, require_cuda
+from .hook_table import MemoryLog, _check_model_and_input, log_step
+from .meters import SavedTensorMeter
+from .units import mib
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Build modules in ``dtype`` (``.to(dtype)`` fails on fake parameters); restores the old one."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+
+@dataclass
+class Prediction:
+    """A predicted (or CPU-measured) training step: peak live bytes and what they are made of."""
+
+    peak: int  # bytes: the predicted torch.cuda.max_memory_allocated() of the step
+    breakdown: dict[str, int]  # bytes per category at the peak
+    saved_peak: int  # saved-for-backward bytes (saved_tensors_hooks), at their maximum
+    after_forward: dict[str, int]  # bytes per category when the model's forward returns
+    parameters: int  # number of parameters
+    log: MemoryLog = field(repr=False)
+    steady_state: bool = True
+    target: str = "cuda"
+    method: str = "predicted (MemTracker under FakeTensorMode)"
+
+    def mib(self) -> dict[str, float]:
+        return {k: round(mib(v), 1) for k, v in self.breakdown.items()}
+
+    @property
+    def kept_after_forward(self) -> int:
+        """Activation bytes alive when the forward returns: everything kept for backward
+        (saved tensors, checkpoint inputs, selectively saved outputs) and the logits."""
+        return self.after_forward["Activation"]
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{k} {v:,.0f}" for k, v in self.mib().items() if k != "Total" and v)
+        return f"peak {mib(self.peak):,.0f} MiB [{self.method}]: {parts}"
+
+
+def method_label(fake: bool, steady_state: bool, target: str, autocast: bool) -> str:
+    """How a figure was obtained, in words: the label every table prints."""
+    step = "steady-state step" if steady_state else "first step"
+    if fake:
+        rules = f", {target.upper() if target == 'cuda' else 'CPU'} autocast rules" if autocast else ""
+        where = "for a CUDA GPU" if target == "cuda" else "for the CPU"
+        return f"predicted {where} (MemTracker under FakeTensorMode; {step}{rules})"
+    rules = ", CPU autocast rules" if autocast else ""
+    return f"measured on CPU tensors (MemTracker; {step}{rules})"
+
+
+def _check_builder(build_model: Any) -> None:
+    if isinstance(build_model, nn.Module):
+        raise TypeError(
+            "predict_step takes a function that builds the model, not a model: it must build it "
+            "inside FakeTensorMode, in the requested dtype. Fix: pass e.g. "
+            "`lambda: seed000_unet('large')` instead of the model itself."
+        )
+    if not callable(build_model):
+        raise TypeError(f"build_model must be a function returning an nn.Module, got "
+                        f"{type(build_model).__name__}")
+
+
+def _check_shape(name: str, shape: Sequence[int]) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(s) for s in shape)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a sequence of whole numbers, got {shape!r}") from None
+    if any(s < 1 for s in shape):
+        raise ValueError(f"{name} {shape}: every size (batch included) must be >= 1")
+    return shape
+
+
+def _target_spec(input_shape: tuple[int, ...], target_shape: Sequence[int] | None,
+                 n_classes: int | None, loss_fn: Callable | None) -> tuple[bool, tuple[int, ...], Callable]:
+    """The target a step trains against: class indices (the input's shape without the channel
+    dim; cross-entropy) unless a ``target_shape`` without ``n_classes`` asks for floats (MSE)."""
+    classify = n_classes is not None or target_shape is None
+    if target_shape is None:
+        target_shape = (input_shape[0], *input_shape[2:])
+    target_shape = _check_shape("target_shape", target_shape)
+    if loss_fn is None:
+        loss_fn = nn.functional.cross_entropy if classify else nn.functional.mse_loss
+    return classify, target_shape, loss_fn
+
+
+def prime_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Put ``optimizer`` in the state it has after a first step (Adam's two moments, SGD's
+    momentum buffers...) without a forward pass: one ``step()`` on zero gradients, then the
+    gradients are dropped, as ``zero_grad(set_to_none=True)`` does at the next step."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def predict_step(
+    build_model: Callable[[], nn.Module],
+    input_shape: Sequence[int],
+    target_shape: Sequence[int] | None = None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    loss_fn: Callable | None = None,
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | str | None = "adam",
+    autocast_dtype: torch.dtype | None = None,
+    n_classes: int | None = None,
+    fake: bool = True,
+    module_peaks: bool = True,
+    steady_state: bool = True,
+    target: str | None = None,
+) -> Prediction:
+    """Predict the memory of one training step (``train.training_step``) without running it.
+
+    The model is built by ``build_model()`` (so it can be built *inside* ``FakeTensorMode``,
+    in ``dtype``) and trained on fake data of ``input_shape``. The target is class indices of
+    ``target_shape`` (default: the input's shape without the channel dim, with ``n_classes``
+    classes -> cross-entropy) or, if ``n_classes`` is None and ``target_shape`` is given, a float
+    tensor (-> MSE). ``optimizer``: "adam", "sgd", None (no step) or a factory.
+
+    * ``steady_state=True`` (default): the step of a running loop (step 2 and later), whose
+      optimizer state already exists; ``False``: the very first step, where Adam creates its
+      state only in ``optimizer.step()``, after the backward pass.
+    * ``target``: whose rules the step follows. ``"cuda"`` (default for ``fake=True``): CUDA's
+      autocast op lists (``amp_rules``), Adam's foreach implementation (the default on CUDA),
+      and the caching allocator's 512-byte blocks. ``"cpu"`` (the only choice for
+      ``fake=False``): what this CPU does.
+    * ``module_peaks=False`` skips MemTracker's per-module peak bookkeeping (about half its
+      cost); the global peak and breakdown are unchanged.
+
+    With ``fake=False`` the same step runs on real CPU tensors: with ``target="cpu"`` the figures
+    agree exactly with the fake ones (a test checks this), which is what makes the prediction
+    trustworthy.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ..amp_rules import autocast_rules
+
+    _check_builder(build_model)
+    input_shape = _check_shape("input_shape", input_shape)
+    if len(input_shape) < 2:
+        raise ValueError(f"input_shape needs at least (batch, channels), got {input_shape}")
+    target = target or ("cuda" if fake else "cpu")
+    if target not in ("cuda", "cpu"):
+        raise ValueError(f"target must be 'cuda' or 'cpu', got {target!r}")
+    if target == "cuda" and not fake:
+        raise ValueError("real CPU tensors follow the CPU's rules: use target='cpu' with fake=False, "
+                         "or measure_step() on a GPU")
+    classify, target_shape, loss_fn = _target_spec(input_shape, target_shape, n_classes, loss_fn)
+
+    # the same starting state every time: Python's garbage collector frees cyclic garbage (some
+    # of it holds tensors, e.g. under checkpointing) at moments set by its allocation counters;
+    # collecting first makes those moments, and so the prediction, independent of what ran before
+    import gc
+
+    gc.collect()
+    mode = FakeTensorMode() if fake else contextlib.nullcontext()
+    with default_dtype(dtype), mode, autocast_rules(target if autocast_dtype else None):
+        model = build_model()
+        _check_model_and_input(model, torch.empty(0))
+        x = torch.randn(input_shape)
+        if classify:
+            y = torch.randint(0, n_classes or 2, target_shape)
+        else:
+            y = torch.randn(target_shape)
+        opt = _make_optimizer(optimizer, model, foreach=target == "cuda")
+        if steady_state and opt is not None:
+            prime_optimizer(model, opt)
+        log = log_step(model, x, y, loss_fn, opt, autocast_dtype, module_peaks,
+                       round_like_cuda=target == "cuda")
+        n_params = sum(p.numel() for p in model.parameters())
+    return Prediction(
+        peak=log.peak, breakdown=log.breakdown("peak"), saved_peak=log.saved.peak,
+        after_forward=log.after_forward or {}, parameters=n_params, log=log,
+        steady_state=steady_state, target=target,
+        method=method_label(fake, steady_state, target, autocast_dtype is not None),
+    )
+
+
+def _make_optimizer(spec: Any, model: nn.Module, foreach: bool = False) -> torch.optim.Optimizer | None:
+    if spec is None:
+        return None
+    if callable(spec):
+        return spec(model.parameters())
+    if spec == "adam":
+        return torch.optim.Adam(model.parameters(), lr=1e-3, foreach=foreach)
+    if spec == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9, foreach=foreach)
+    raise ValueError(f"optimizer must be 'adam', 'sgd', None or a factory, got {spec!r}")
+
+
+def measure_step(
+    build_model: Callable[[], nn.Module],
+    input_shape: Sequence[int],
+    target_shape: Sequence[int] | None = None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    loss_fn: Callable | None = None,
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | str | None = "adam",
+    autocast_dtype: torch.dtype | None = None,
+    n_classes: int | None = None,
+    steady_state: bool = True,
+    device: str | torch.device = "cuda",
+) -> CudaPeak:
+    """``predict_step``'s twin on a real GPU: the same ``training_step`` on real CUDA tensors,
+    read from the caching allocator (``max_memory_allocated`` / ``max_memory_reserved`` of the
+    measured step; with ``steady_state`` the second step, after an unmeasured first one).
+    The model is built in ``dtype`` on the CPU and moved; the batch is created on the GPU."""
+    from ..train import training_step
+
+    require_cuda("measure_step")
+    _check_builder(build_model)
+    input_shape = _check_shape("input_shape", input_shape)
+    classify, target_shape, loss_fn = _target_spec(input_shape, target_shape, n_classes, loss_fn)
+    dev = torch.device(device)
+    with default_dtype(dtype):
+        model = build_model().to(dev)
+    x = torch.randn(input_shape, device=dev, dtype=dtype)
+    y = (torch.randint(0, n_classes or 2, tuple(target_shape), device=dev) if classify
+         else torch.randn(tuple(target_shape), device=dev, dtype=dtype))
+    opt = _make_optimizer(optimizer, model, foreach=True)
+    meter = SavedTensorMeter(model.parameters())
+    marks: dict[str, int] = {}
+    pre = model.register_forward_pre_hook(lambda *a: marks.__setitem__("pre", torch.cuda.memory_allocated()))
+    post = model.register_forward_hook(lambda *a: marks.__setitem__("post", torch.cuda.memory_allocated()))
+
+    def step() -> None:
+        with meter:
+            training_step(model, x, y, opt, loss_fn=loss_fn, autocast_dtype=autocast_dtype)
+
+    try:
+        if steady_state:
+            step()
+        torch.cuda.synchronize(dev)
+        meter.peak = meter.current
+        result = cuda_peak(step, baseline=False, device=dev)
+    finally:
+        pre.remove()
+        post.remove()
+    result.saved_peak = meter.peak
+    result.kept_after_forward = marks["post"] - marks["pre"]
+    result.allocated_after_forward = marks["post"]
+    result.method = ("measured (cuda max_memory_allocated / max_memory_reserved; "
+                     + ("steady-state step)" if steady_state else "first step)"))
+    del model, opt, x, y
+    return result

@@ -1,0 +1,62 @@
+"""Arithmetic that several modules share, in one place.
+
+* ``relative_error`` -- how far one list of tensors (gradients, outputs) is from a reference,
+  computed in float64: every comparison of the tiled, spatial and parallel steps uses it.
+* BatchNorm done by hand, for the code that computes the statistics itself (the tiled step in
+  ``tiling``, spatial parallelism in ``spatial``, ``parallel.CrossReplicaBatchNorm3d``):
+  ``uses_batch_stats`` (does the layer normalise with the batch's statistics?), ``normalise``
+  (with given statistics, then the affine map) and ``update_running_stats`` (the running mean and
+  variance, as ``nn.BatchNorm`` updates them in training mode).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+
+def relative_error(got: Sequence[torch.Tensor], ref: Sequence[torch.Tensor]) -> float:
+    """Largest difference between two lists of tensors, relative to the largest reference value.
+    (Per-tensor ratios would blow up on conv biases in front of BatchNorm, whose true gradient is
+    zero and whose computed one is rounding noise.) Computed in float64, on the CPU: tensors of
+    any dtype and device compare, and a half-precision difference cannot overflow."""
+    got, ref = list(got), list(ref)
+    if len(got) != len(ref):
+        raise ValueError(f"relative_error: {len(got)} tensors vs {len(ref)} reference tensors")
+    diff = max((a.detach().cpu().double() - b.detach().cpu().double()).abs().max().item()
+               for a, b in zip(got, ref))
+    return diff / max(b.detach().abs().max().item() for b in ref)
+
+
+def uses_batch_stats(bn: nn.Module) -> bool:
+    """True if the BatchNorm layer normalises with the batch's statistics (training mode, or no
+    running statistics to use)."""
+    return bn.training or bn.running_mean is None
+
+
+def normalise(bn: nn.Module, x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+    """BatchNorm's output for ``x`` (batch, channels, ...) with the given per-channel ``mean`` and
+    (biased) ``var``: ``(x - mean) / sqrt(var + eps)``, then the layer's affine map if it has one."""
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+    y = (x - mean.view(shape)) * torch.rsqrt(var.view(shape) + bn.eps)
+    if bn.affine:
+        y = y * bn.weight.view(shape) + bn.bias.view(shape)
+    return y
+
+
+def update_running_stats(bn: nn.Module, mean: torch.Tensor, var: torch.Tensor, count: int) -> None:
+    """What ``nn.BatchNorm`` does to its running statistics in training mode, given the batch's
+    per-channel ``mean`` and biased ``var`` over ``count`` values per channel: one more batch
+    tracked, then a momentum average (cumulative when ``momentum`` is None) of the mean and of the
+    unbiased variance ``var * count / (count - 1)``. Nothing happens outside training mode or
+    without running statistics."""
+    if not (bn.training and bn.track_running_stats and bn.running_mean is not None):
+        return
+    with torch.no_grad():
+        bn.num_batches_tracked.add_(1)
+        f = 1.0 / float(bn.num_batches_tracked) if bn.momentum is None else bn.momentum
+        bn.running_mean.mul_(1 - f).add_(mean.detach().to(bn.running_mean.dtype), alpha=f)
+        unbiased = var.detach() * count / max(count - 1, 1)
+        bn.running_var.mul_(1 - f).add_(unbiased.to(bn.running_var.dtype), alpha=f)

@@ -1,0 +1,160 @@
+"""The torchrun entry point and the workers that are not a parallel scheme of their own:
+``train_worker`` (a few DDP or FSDP training steps: what ``torchrun -m course_utils.parallel``
+runs, through ``main``), ``torchrun_backend`` and ``torchrun_command`` (one GPU per rank, or gloo),
+the failure demos ``failing_worker`` and ``stuck_worker``, and ``source_worker`` (a learner's
+function, sent as source code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .data_parallel import build_net, global_batch
+from .launcher import COLLECTIVE_TIMEOUT_S, compared, launch
+
+
+def train_worker(rank: int, world: int, device: torch.device, config: dict) -> dict:
+    """A few DDP (or FSDP) training steps on synthetic volumes; the script entry point."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ..data import SyntheticVolumes
+
+    net = build_net(config).to(device)
+    if config.get("mode") == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(net)
+        model = net
+    else:
+        model = DDP(net, device_ids=[device.index] if device.type == "cuda" else None)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    per_rank = config.get("global_batch", 4) // world
+    ds = SyntheticVolumes(per_rank * world * config.get("steps", 3), config.get("volume", (8, 16, 16)))
+    losses = []
+    for step in range(config.get("steps", 3)):
+        idx = [step * per_rank * world + rank * per_rank + k for k in range(per_rank)]
+        x = torch.stack([ds[i][0] for i in idx]).to(device)
+        y = torch.stack([ds[i][1] for i in idx]).to(device)
+        opt.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return {"rank": rank, "losses": losses}
+
+
+def failing_worker(rank: int, world: int, device: torch.device, config: dict) -> None:
+    """For the demo of failures: rank 1 raises while rank 0 waits for it at a barrier."""
+    if rank == 1:
+        raise ValueError("rank 1 failed on purpose (a bad shape, a missing file, ...)")
+    dist.barrier()
+
+
+def stuck_worker(rank: int, world: int, device: torch.device, config: dict) -> None:
+    """For the demo of hangs: rank 1 never reaches the barrier rank 0 waits at."""
+    if rank == 1:
+        time.sleep(config.get("sleep_s", 600))
+    dist.barrier()
+
+
+@compared
+def source_worker(rank: int, world: int, device: torch.device, config: dict) -> dict:
+    """Runs a learner's ``ddp_step(model, x, y, rank, world) -> grads`` given as source code
+    (a notebook's functions cannot be imported by spawned processes). The namespace has
+    ``torch``, ``nn``, ``dist`` and ``DDP``. The model and the global batch are on this rank's
+    device (``cuda:rank`` under NCCL). Records the batch size and device the model saw."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ns: dict[str, Any] = {"torch": torch, "nn": nn, "dist": dist, "DDP": DDP}
+    exec(compile(config["source"], "<learner>", "exec"), ns)
+    net = build_net(config).to(device)
+    seen: list[int] = []
+    devices: list[str] = []
+
+    def record(module, args):
+        seen.append(args[0].shape[0])
+        devices.append(str(args[0].device))
+
+    net.register_forward_pre_hook(record)
+    x, y = global_batch(config)
+    grads = ns[config["name"]](net, x.to(device), y.to(device), rank, world)
+    return {"rank": rank, "grads": [g.detach().cpu() for g in grads], "batch_seen": seen,
+            "devices_seen": devices}
+
+
+def torchrun_backend(env: dict | None = None, backend: str = "auto") -> tuple[str, torch.device]:
+    """Backend and device of this rank under ``torchrun``, from its environment: one GPU per
+    process on this node (``LOCAL_RANK`` of ``LOCAL_WORLD_SIZE``), however many nodes. With
+    CUDA present that is NCCL or an error, never a silent fall-back to the CPU; without CUDA
+    (or with ``backend="gloo"``) gloo on CPU."""
+    env = os.environ if env is None else env
+    local_rank = int(env.get("LOCAL_RANK", 0))
+    local_world = int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", 1)))
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "gloo":
+        return "gloo", torch.device("cpu")
+    if backend != "nccl":
+        raise ValueError(f"--backend {backend!r}: choose auto, nccl or gloo")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus < local_world:
+        raise RuntimeError(
+            f"this node runs {local_world} ranks but has {gpus} GPU(s): start torchrun with "
+            f"--nproc-per-node={max(gpus, 1)} (one process per GPU), or pass --backend gloo to "
+            "train on the CPU")
+    return "nccl", torch.device("cuda", local_rank)
+
+
+def torchrun_command(nproc: int = 2, module: str = "course_utils.parallel") -> tuple[list[str], str]:
+    """The command that starts ``nproc`` ranks of ``module`` with torchrun on this machine, and
+    one line saying where they run. NCCL needs a GPU per rank: with fewer GPUs than ranks (one
+    GPU, say) the ranks are told to use gloo on the CPU, instead of stopping at the error
+    ``torchrun_backend`` raises for that case."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "-m", module]
+    if gpus >= nproc:
+        return cmd, f"{nproc} processes, NCCL, one GPU each"
+    if gpus:
+        return cmd + ["--backend", "gloo"], (f"{nproc} processes, gloo on the CPU: this machine has {gpus} "
+                                             f"GPU(s), NCCL needs one per process")
+    return cmd, f"{nproc} processes, gloo on the CPU (no GPU)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for ``torchrun --nproc-per-node=N -m course_utils.parallel``."""
+    ap = argparse.ArgumentParser(description="DDP/FSDP training of the course U-Net")
+    ap.add_argument("--mode", choices=["ddp", "fsdp"], default="ddp")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--global-batch", type=int, default=4)
+    ap.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
+                    help="auto: NCCL when CUDA is present (one GPU per process), else gloo")
+    args = ap.parse_args(argv)
+    config = {"mode": args.mode, "steps": args.steps, "global_batch": args.global_batch}
+    if "RANK" not in os.environ:
+        print("not under torchrun: spawning 2 processes here instead")
+        for r in launch(train_worker, 2, config):
+            print(f"rank {r['rank']}: losses {[round(v, 4) for v in r['losses']]}")
+        return 0
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    backend, device = torchrun_backend(os.environ, args.backend)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before init_process_group, as documented
+    else:
+        torch.set_num_threads(1)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+                            device_id=device if device.type == "cuda" else None)
+    try:
+        r = train_worker(rank, world, device, config)
+        print(f"rank {rank}/{world} ({backend}): losses {[round(v, 4) for v in r['losses']]}", flush=True)
+    finally:
+        dist.destroy_process_group()
+    return 0

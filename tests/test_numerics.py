@@ -1,0 +1,60 @@
+"""course_utils.numerics: the one relative_error (float64) and the BatchNorm arithmetic that the
+tiled step, spatial parallelism and CrossReplicaBatchNorm3d share, against nn.BatchNorm itself."""
+
+import pytest
+import torch
+from torch import nn
+
+from course_utils import parallel, spatial, tiling
+from course_utils.numerics import normalise, relative_error, update_running_stats, uses_batch_stats
+
+
+def test_one_relative_error_everywhere():
+    assert tiling.relative_error is relative_error and parallel.relative_error is relative_error
+    assert spatial.update_running_stats is update_running_stats and tiling.normalise is normalise
+
+
+def test_relative_error_is_relative_to_the_largest_reference_value():
+    got, ref = [torch.tensor([1.0, 2.0]), torch.tensor([0.0])], [torch.tensor([3.0, 4.0]), torch.tensor([1.0])]
+    assert relative_error(got, ref) == 0.5  # largest difference 2, largest reference value 4
+    assert relative_error([1000 * t for t in got], [1000 * t for t in ref]) == 0.5
+
+
+def test_relative_error_is_computed_in_float64():
+    # in fp16, 60000 - (-60000) overflows to inf; in float64 it is 120000, twice the reference
+    got, ref = [torch.tensor([60000.0], dtype=torch.float16)], [torch.tensor([-60000.0], dtype=torch.float16)]
+    assert relative_error(got, ref) == 2.0
+    with pytest.raises(ValueError, match="2 tensors vs 1 reference"):
+        relative_error(got * 2, ref)
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_running_stats_and_output_are_batchnorms(momentum):
+    torch.manual_seed(0)
+    x = 3 + 2 * torch.randn(4, 3, 5, 6, 7, dtype=torch.float64)
+    ref = nn.BatchNorm3d(3, momentum=momentum).double()
+    mine = nn.BatchNorm3d(3, momentum=momentum).double()
+    with torch.no_grad():
+        for bn in (ref, mine):
+            bn.weight.copy_(torch.tensor([0.5, 1.0, 2.0]))
+            bn.bias.copy_(torch.tensor([-1.0, 0.0, 1.0]))
+    dims, count = [0, 2, 3, 4], x.numel() // 3
+    for step in range(3):  # momentum=None: a cumulative average, which needs several steps to show
+        xs = x + step
+        y_ref = ref(xs)
+        mean, var = xs.mean(dims), xs.var(dims, unbiased=False)
+        assert uses_batch_stats(mine)
+        torch.testing.assert_close(normalise(mine, xs, mean, var), y_ref)
+        update_running_stats(mine, mean, var, count)
+    torch.testing.assert_close(mine.running_mean, ref.running_mean)
+    torch.testing.assert_close(mine.running_var, ref.running_var)
+    assert mine.num_batches_tracked.item() == ref.num_batches_tracked.item() == 3
+
+
+def test_eval_mode_uses_and_keeps_the_running_stats():
+    bn = nn.BatchNorm3d(2).eval()
+    before = bn.running_var.clone()
+    assert not uses_batch_stats(bn)
+    update_running_stats(bn, torch.zeros(2), torch.full((2,), 5.0), 100)
+    assert torch.equal(bn.running_var, before) and bn.num_batches_tracked.item() == 0
+    assert uses_batch_stats(nn.BatchNorm3d(2, track_running_stats=False).eval())
