@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .memory import MiB, SavedTensorMeter, predict_step, require_cuda
+from .memory import MiB, predict_step, require_cuda
 
 #: Seed 003's measurements (MB as read off nvidia-smi, CUDA context included): N -> (forward,
 #: backward); None = the run failed (OOM, or cuDNN had no 3D backward algorithm at that size).

@@ -28,7 +28,7 @@ def test_live_bytes_counts_what_memory_allocated_would():
         assert live.current == resident + sum(p.grad.nbytes for p in net.parameters())
     with LiveBytes(round_to=512) as live:
         t = torch.ones(3)  # 12 bytes occupy a 512-byte block
-        assert live.current == 512
+        assert live.current == 512 and t.nbytes == 12
 
 
 def test_segment_sizes_and_rounding():

@@ -5,7 +5,6 @@ import re
 from dataclasses import replace
 
 import pytest
-import torch
 
 from course_utils import predict_step
 from course_utils.explorer import PRECISIONS, Config, build, estimate, table

@@ -158,7 +158,7 @@ def test_limits_find_descendants_and_rss():
 # -- the student release ------------------------------------------------------------------------------
 def test_release_has_no_answers_and_its_checks_still_work(tmp_path):
     out = tmp_path / "release"
-    info = release(out)
+    release(out)
     assert not (out / "solutions").exists() and not (out / "tests").exists()
     assert not (out / "course_utils" / "templates").exists()  # the scaffold's example solution
     assert sorted(p.name for p in (out / "exercises").glob("*.ipynb")) == \

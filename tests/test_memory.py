@@ -14,7 +14,7 @@ from course_utils import (
 from course_utils.limit_test import (
     LimitTestNet, expected_saved_bytes, input_bytes, make_inputs, naive_bytes,
 )
-from course_utils.memory import MiB, CATEGORIES, MemoryLog, default_dtype
+from course_utils.memory import MiB, CATEGORIES, MemoryLog
 
 
 # -- saved-for-backward bytes --------------------------------------------------------------

@@ -4,7 +4,6 @@ with either neighbour, the retry after freeing cached segments at a cap, the 1 M
 boundaries of c10/cuda/CUDACachingAllocator.cpp, and the foreach Adam of a traced step."""
 
 import pytest
-import torch
 from torch import nn
 
 from course_utils import predict_step

@@ -2,7 +2,6 @@
 through -- the step clears last step's gradients, honours autocast_dtype and a GradScaler; Dice
 of an empty volume; train() cycles over a short generator and uses its lr."""
 
-import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F

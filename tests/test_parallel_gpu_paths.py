@@ -2,7 +2,6 @@
 device count, availability or device type injected (or the gloo path taking the same branch);
 and CrossReplicaBatchNorm3d's numerics (fp16 input, large counts, large means)."""
 
-import datetime
 
 import pytest
 import torch

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from . import limits
 from .core import PartResult, Raised
-from .registry import MODULES, exercise, load_all
+from .registry import MODULES, load_all
 from .strip import strip_source
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the teacher's course_utils

@@ -263,5 +263,5 @@ def measure_step(
     result.allocated_after_forward = marks["post"]
     result.method = ("measured (cuda max_memory_allocated / max_memory_reserved; "
                      + ("steady-state step)" if steady_state else "first step)"))
-    del model, opt, x, y
+    model = opt = x = y = None  # this frame's references go (step's closure shares these cells)
     return result
