@@ -179,7 +179,7 @@ def plot(results: dict[str, Any], path: str | Path) -> None:
     nets = list(dict.fromkeys(r["net"] for r in rows))
     fig, axes = plt.subplots(1, len(nets), figsize=(8 * len(nets), 0.45 * len(rows) / len(nets) + 1.6),
                              squeeze=False)
-    for ax, net in zip(axes[0], nets):
+    for ax, net in zip(axes[0], nets, strict=True):
         sub = [r for r in rows if r["net"] == net]
         names = [r["technique"] for r in sub]
         ax.barh(names, [r["predicted peak MiB"] for r in sub], color="#8172b2", label="predicted peak")

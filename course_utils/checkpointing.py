@@ -53,7 +53,7 @@ def frozen_bn_stats(module: nn.Module) -> Iterator[None]:
     try:
         yield
     finally:
-        for m, (momentum, count) in zip(bns, saved):
+        for m, (momentum, count) in zip(bns, saved, strict=True):
             m.momentum = momentum
             if count is not None:
                 m.num_batches_tracked.copy_(count)
@@ -462,7 +462,7 @@ def plot_breakdowns(breakdowns: dict[str, dict[str, int]], ax=None, title: str =
             vals.append(v / 2**20)
         if any(vals):
             ax.bar(names, vals, bottom=bottom, label=label, color=f"C{i}")
-            bottom = [b + v for b, v in zip(bottom, vals)]
+            bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     for i, top in enumerate(bottom):
         ax.text(i, top, f"{top:,.0f}", ha="center", va="bottom", fontsize=8)
     if budget_mib:

@@ -184,7 +184,7 @@ def plot_timelines(logs: dict, ax=None, title: str = "", window: tuple[int, int]
 
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 3.4))
-    for (name, log), color in zip(logs.items(), ("#4c72b0", "#dd8452", "#55a868", "#c44e52")):
+    for (name, log), color in zip(logs.items(), ("#4c72b0", "#dd8452", "#55a868", "#c44e52"), strict=False):  # at most four logs
         rows = log.rows[slice(*window)] if window else log.rows
         ax.plot([r.event for r in rows], [mib(r.tracked) for r in rows], color=color, label=name)
         module, phase = log.peak_location

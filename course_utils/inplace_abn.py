@@ -301,7 +301,7 @@ def plot_stored_per_unit(variants: dict[str, object], ax=None):
         _, ax = plt.subplots(figsize=(8, 0.6 + 0.55 * len(variants)))
     data = {name: stored_per_unit(na) for name, na in variants.items()}
     kinds = sorted({k for d in data.values() for k in d})
-    colours = dict(zip(kinds, plt.cm.tab10.colors))
+    colours = dict(zip(kinds, plt.cm.tab10.colors, strict=False))  # tab10 has more colours than kinds
     names = list(data)[::-1]
     for i, name in enumerate(names):
         left = 0.0
@@ -314,7 +314,7 @@ def plot_stored_per_unit(variants: dict[str, object], ax=None):
                 left += v
     ax.set_yticks(range(len(names)), names)
     ax.set_xlabel("layer-sized tensors stored for backward, per conv unit (measured: graph walk)")
-    handles = {lbl: h for h, lbl in zip(*ax.get_legend_handles_labels())}
+    handles = {lbl: h for h, lbl in zip(*ax.get_legend_handles_labels(), strict=True)}
     ax.legend(handles.values(), handles.keys(), fontsize=8, loc="lower right")
     ax.set_xlim(0, max(sum(d.values()) for d in data.values()) * 1.45)
     return data

@@ -26,7 +26,7 @@ def relative_error(got: Sequence[torch.Tensor], ref: Sequence[torch.Tensor]) -> 
     if len(got) != len(ref):
         raise ValueError(f"relative_error: {len(got)} tensors vs {len(ref)} reference tensors")
     diff = max((a.detach().cpu().double() - b.detach().cpu().double()).abs().max().item()
-               for a, b in zip(got, ref))
+               for a, b in zip(got, ref, strict=True))
     return diff / max(b.detach().abs().max().item() for b in ref)
 
 

@@ -60,7 +60,7 @@ def plot_rank_memory(bars: Sequence[tuple[str, dict[str, float]]], ax=None, titl
         if not any(widths):
             continue
         ax.barh(labels, widths, left=left, color=colour, hatch=hatch, edgecolor="k", linewidth=0.5, label=cat)
-        left = [a + b for a, b in zip(left, widths)]
+        left = [a + b for a, b in zip(left, widths, strict=True)]
     for y, total in enumerate(left):
         ax.text(total + 0.01 * largest / size, y, f"{total:,.1f} {unit}", va="center", fontsize=8)
     ax.invert_yaxis()
@@ -94,7 +94,7 @@ def plot_schedule(panels: Sequence[tuple[str, list[list[tuple[str, int, float, f
         _, axes = plt.subplots(len(panels), 1, figsize=(10, 1.0 + 1.1 * sum(len(o) for _, o in panels)),
                                squeeze=False)
         axes = axes[:, 0]
-    for ax, (title, ops) in zip(axes, panels):
+    for ax, (title, ops) in zip(axes, panels, strict=True):
         end = max(stop for stage in ops for *_, stop in stage)
         labelled = False
         for s, stage in enumerate(ops):
@@ -132,9 +132,9 @@ def plot_layouts(rows: Sequence[dict], ax=None, title: str | None = None):
     xs = range(len(rows))
     static = [r["params + grads + Adam"] / size for r in rows]
     ax.bar(xs, static, color="tab:green", label="params + grads + Adam")
-    piped = [x for x, r in zip(xs, rows) if r["pp"] > 1]
+    piped = [x for x, r in zip(xs, rows, strict=True) if r["pp"] > 1]
     shift = [0.2 if r["pp"] > 1 else 0.0 for r in rows]
-    ax.bar([x - d for x, d in zip(xs, shift)], [r["activations (GPipe)"] / size for r in rows],
+    ax.bar([x - d for x, d in zip(xs, shift, strict=True)], [r["activations (GPipe)"] / size for r in rows],
            width=[0.4 if d else 0.8 for d in shift], bottom=static, color="tab:red",
            label="activations (no pipeline, or GPipe)")
     ax.bar([x + 0.2 for x in piped], [rows[x]["activations (1F1B)"] / size for x in piped], width=0.4,

@@ -120,7 +120,7 @@ def _seed000_precision() -> tuple[str, str]:
     b, lean = (lambda: seed000_unet("large")), (lambda: seed000_unet("large", lean_up=True))
     t = technique_table({"fp32": b, "fp16": b, "ac": b, "lean": lean}, (2, 1, *SEED000_VOLUME),
                         dtypes={"fp16": torch.float16}, autocast={"ac": torch.float16, "lean": torch.float16})
-    p = dict(zip(t.variant, t["peak MiB"]))
+    p = dict(zip(t.variant, t["peak MiB"], strict=True))
     return (f"{p['fp32']:,.0f} -> {p['fp16']:,.0f} (built in fp16) / {p['ac']:,.0f} (autocast fp16) / "
             f"{p['lean']:,.0f} (autocast + lean Up) MiB", "predicted, CUDA autocast rules, steady state")
 
@@ -164,7 +164,7 @@ def _seed004_checkpointing() -> tuple[str, str]:
                          "selective": lambda: seed000_unet("large", checkpoint="level",
                                                            checkpoint_policy=save_convolutions)},
                         (2, 1, *SEED000_VOLUME), dtype=torch.float16)
-    p = dict(zip(t.variant, t["peak vs baseline %"]))
+    p = dict(zip(t.variant, t["peak vs baseline %"], strict=True))
     return (f"peak {p['level']:+.1f} % per level, {p['selective']:+.1f} % selective (save convs)",
             "predicted, large net, fp16, full size")
 

@@ -148,7 +148,7 @@ def _conv_radius(path: str, m: nn.Module) -> tuple[int, ...]:
             "exactly (a slab at the border pads like the volume) but 'circular' wraps to the "
             "other side of the volume. Fix: padding_mode='zeros'.")
     radius = []
-    for i, (kk, dd) in enumerate(zip(k, d)):
+    for i, (kk, dd) in enumerate(zip(k, d, strict=True)):
         if kk % 2 == 0:
             raise TilingError(
                 f"{path} has an even kernel size {k}: no symmetric padding keeps the size, so "
@@ -160,7 +160,7 @@ def _conv_radius(path: str, m: nn.Module) -> tuple[int, ...]:
                 f"{path} has padding {m.padding} but kernel {k} with dilation {d} needs "
                 f"padding {need} on axis {i} to keep the volume's size ('same' padding); "
                 f"tiling needs the output voxel i to sit on input voxel i. Fix: padding="
-                f"{tuple(dd * (kk - 1) // 2 for kk, dd in zip(k, d))} (or padding='same').")
+                f"{tuple(dd * (kk - 1) // 2 for kk, dd in zip(k, d, strict=True))} (or padding='same').")
         radius.append(need)
     return tuple(radius)
 
@@ -343,7 +343,7 @@ def plan_tiles(shape: Sequence[int], tiles: int | Sequence[int], halo: int | Seq
     counts = _as_counts(tiles, nd, axis)
     h = _as_halo(halo, nd)
     bounds = []
-    for a, (n, k) in enumerate(zip(shape, counts)):
+    for a, (n, k) in enumerate(zip(shape, counts, strict=True)):
         if k < 1:
             raise TilingError(f"tiles must be >= 1 per axis, got {k} on axis {a}")
         if k > n:
@@ -386,7 +386,7 @@ def _needed_ranges(chain: ConvChain, tile: Tile):
              for i in range(len(convs))]
     have = [(r.start, r.stop) for r in tile.read]
     out = []
-    for conv, rest in zip(convs, after):
+    for conv, rest in zip(convs, after, strict=True):
         take, pad, keep, computed = [], [], [], []
         for a, (lo, hi) in enumerate(have):
             r, o, n = conv.radius[a], tile.own[a], tile.volume[a]
@@ -421,17 +421,17 @@ def run_chain(chain: ConvChain, x: torch.Tensor, tile: Tile | None = None,
     conv_fn = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nd]
 
     def local_own() -> tuple[slice, ...]:
-        return tuple(slice(o.start - s, o.stop - s) for o, s in zip(tile.own, start))
+        return tuple(slice(o.start - s, o.stop - s) for o, s in zip(tile.own, start, strict=True))
 
     i = 0
     for layer in chain.layers:
         m = layer.module
         if layer.kind == "conv":
             _, take, pad, computed, keep = next(ranges)
-            x = x[(Ellipsis,) + tuple(slice(t0 - s, t1 - s) for (t0, t1), s in zip(take, start))]
+            x = x[(Ellipsis,) + tuple(slice(t0 - s, t1 - s) for (t0, t1), s in zip(take, start, strict=True))]
             x = conv_fn(x, m.weight, m.bias, 1, tuple(pad), m.dilation, m.groups)
-            crop = tuple(slice(k0 - c0, k1 - c0) for (k0, k1), (c0, _) in zip(keep, computed))
-            if any(sl.start or sl.stop != n for sl, n in zip(crop, x.shape[-nd:])):
+            crop = tuple(slice(k0 - c0, k1 - c0) for (k0, k1), (c0, _) in zip(keep, computed, strict=True))
+            if any(sl.start or sl.stop != n for sl, n in zip(crop, x.shape[-nd:], strict=True)):
                 x = x[(Ellipsis,) + crop]
             start = [k0 for k0, _ in keep]
         elif layer.kind == "batchnorm" and uses_batch_stats(m):
@@ -604,7 +604,7 @@ def tiled_step(
                 surrogate = (g_mean.view(shape) * own + g_var.view(shape) * (own * own - 2 * m * own)).sum() / n_vox
                 surrogate.backward()
                 del a, own, surrogate
-    for bn, (mean, var) in zip(norms, stats):
+    for bn, (mean, var) in zip(norms, stats, strict=True):
         update_running_stats(bn, mean.detach(), var.detach(), n_vox)
     sweeps = 1 + (2 * len(norms) if bn_backward == "exact" else len(norms))
     return TiledStep(total.to(x.dtype), plan, h, sweeps, work_factor(chain, plan))

@@ -17,6 +17,7 @@ in-place ReLU or In-Place Activated BatchNorm without copying the network.
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from typing import Callable, Sequence
 
@@ -65,7 +66,7 @@ class DoubleConv(nn.Module):
         # "conv": one checkpoint per unit that starts at a convolution
         mods = list(self.double_conv)
         starts = [i for i, m in enumerate(mods) if isinstance(m, nn.Conv3d)] + [len(mods)]
-        for a, b in zip(starts, starts[1:]):
+        for a, b in itertools.pairwise(starts):
             x = checkpointed(self.double_conv[a:b], x)
         return x
 
@@ -107,7 +108,7 @@ class Up(nn.Module):
     def pad_to(x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
         """An odd size on the way down (26 -> 13 -> 6) leaves the upsampled map one voxel short:
         pad it (last dim first, as F.pad wants) so it lines up with the skip connection."""
-        diff = [s - u for s, u in zip(skip.shape[2:], x.shape[2:])]
+        diff = [s - u for s, u in zip(skip.shape[2:], x.shape[2:], strict=True)]
         pad: list[int] = []
         for d in reversed(diff):
             pad += [d // 2, d - d // 2]

@@ -201,7 +201,7 @@ def test_emulation_matches_the_real_autocast_cuda_kernels_op_by_op(real_kernels)
     for key, traces in real_kernels.items():
         cuda, cpu = traces["cuda"], traces["cpu"]
         assert len(cuda) > 50, key  # the whole forward pass and the loss were traced
-        for i, (real, emulated) in enumerate(zip(cuda, cpu)):
+        for i, (real, emulated) in enumerate(zip(cuda, cpu, strict=True)):
             assert real == emulated, f"{key}, op {i}: real AutocastCUDA {real}, emulation {emulated}"
         assert len(cuda) == len(cpu), key
 

@@ -48,13 +48,13 @@ def nets():
 
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "none"] + ["full, no BN fix"])
 def test_gradients_equal_the_baseline(nets, variant):
-    for (name, a), b in zip(nets["none"].named_parameters(), nets[variant].parameters()):
+    for (name, a), b in zip(nets["none"].named_parameters(), nets[variant].parameters(), strict=True):
         torch.testing.assert_close(b.grad, a.grad, atol=1e-12, rtol=1e-10, msg=name)
 
 
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "none"])
 def test_bn_running_stats_updated_once(nets, variant):
-    for (name, a), b in zip(nets["none"].named_buffers(), nets[variant].buffers()):
+    for (name, a), b in zip(nets["none"].named_buffers(), nets[variant].buffers(), strict=True):
         torch.testing.assert_close(b, a, msg=name)
 
 
@@ -76,9 +76,9 @@ def test_full_checkpointing_with_inplace_abn(mode):
     x, y = torch.randn(2, 1, 8, 16, 16, dtype=torch.float64), torch.randint(0, 5, (2, 8, 16, 16))
     for m in (ref, net):
         nn.functional.cross_entropy(m(x), y).backward()
-    for (name, a), b in zip(ref.named_parameters(), net.parameters()):
+    for (name, a), b in zip(ref.named_parameters(), net.parameters(), strict=True):
         torch.testing.assert_close(b.grad, a.grad, atol=1e-12, rtol=1e-10, msg=name)
-    for (name, a), b in zip(ref.named_buffers(), net.buffers()):
+    for (name, a), b in zip(ref.named_buffers(), net.buffers(), strict=True):
         torch.testing.assert_close(b, a, msg=name)
 
 
@@ -146,9 +146,9 @@ def test_checkpoint_sequential_updates_bn_twice_and_segments_once():
     first_bn = "stack.0.1.num_batches_tracked"
     assert int(torch_seq.state_dict()[first_bn]) == 2  # the pitfall, in torch's own function
     assert int(ours.state_dict()[first_bn]) == 1
-    for (k, a), b in zip(plain.state_dict().items(), ours.state_dict().values()):
+    for (k, a), b in zip(plain.state_dict().items(), ours.state_dict().values(), strict=True):
         torch.testing.assert_close(b, a, msg=k)
-    for (k, a), b in zip(plain.named_parameters(), ours.parameters()):
+    for (k, a), b in zip(plain.named_parameters(), ours.parameters(), strict=True):
         torch.testing.assert_close(b.grad, a.grad, atol=1e-12, rtol=1e-10, msg=k)
 
 
@@ -268,7 +268,7 @@ def test_efficient_dense_block_same_gradients_less_memory():
     x = torch.randn(2, 8, 16, 16, requires_grad=True)
     for net in (naive, eff):
         net(x).sum().backward()
-    for a, b in zip(naive.parameters(), eff.parameters()):
+    for a, b in zip(naive.parameters(), eff.parameters(), strict=True):
         torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4)
-    for (k, a), b in zip(naive.state_dict().items(), eff.state_dict().values()):
+    for (k, a), b in zip(naive.state_dict().items(), eff.state_dict().values(), strict=True):
         torch.testing.assert_close(b, a, msg=k)

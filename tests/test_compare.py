@@ -30,7 +30,7 @@ def test_fp16_model_halves_parameters_and_autocast_does_not():
     build = lambda: UNet3D(levels=3, channels=32)
     t = technique_table({"fp32": build, "fp16 model": build, "autocast": build}, (2, 1, 8, 8, 8),
                         dtypes={"fp16 model": torch.float16}, autocast={"autocast": torch.bfloat16})
-    params = dict(zip(t.variant, t["params MiB"]))
+    params = dict(zip(t.variant, t["params MiB"], strict=True))
     assert params["fp16 model"] == pytest.approx(params["fp32"] / 2, abs=0.1)
     assert params["fp32"] == params["autocast"]  # the fp32 master weights stay
 

@@ -51,9 +51,9 @@ def test_variants_equal_the_naive_net(kw):
     y = torch.rand(3, 14, dtype=torch.float64)
     for m in (naive, net):
         nn.functional.binary_cross_entropy_with_logits(m(x), y).backward()
-    for (k, a), b in zip(naive.named_parameters(), net.parameters()):
+    for (k, a), b in zip(naive.named_parameters(), net.parameters(), strict=True):
         torch.testing.assert_close(b.grad, a.grad, atol=1e-12, rtol=1e-10, msg=k)
-    for (k, a), b in zip(naive.state_dict().items(), net.state_dict().values()):
+    for (k, a), b in zip(naive.state_dict().items(), net.state_dict().values(), strict=True):
         torch.testing.assert_close(b, a, msg=k)  # BN statistics updated once
 
 

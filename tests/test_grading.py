@@ -97,7 +97,7 @@ def test_solutions_carry_nbgrader_metadata():
         assert tests and all(m["locked"] and m["points"] > 0 for m in tests), path.name
         ids = [m["grade_id"] for m in meta if m]
         assert len(ids) == len(set(ids)), path.name
-        for cell, m in zip(nb.cells, meta):
+        for cell, m in zip(nb.cells, meta, strict=True):
             if "BEGIN SOLUTION" in cell.source:
                 assert m.get("solution"), (path.name, cell.source[:60])
             if m.get("grade"):  # a test cell ends with the check's score: nbgrader's partial credit

@@ -328,7 +328,7 @@ def test_the_meter_keeps_gradients_exact():
     with SavedTensorMeter(model.parameters()) as m:
         model(x).square().sum().backward()
     assert m.peak > 0
-    assert all(torch.equal(a, p.grad) for a, p in zip(plain, model.parameters()))
+    assert all(torch.equal(a, p.grad) for a, p in zip(plain, model.parameters(), strict=True))
 
 
 def test_catch_oom_catches_and_explains(capsys):

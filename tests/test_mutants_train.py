@@ -80,6 +80,6 @@ def test_train_uses_its_learning_rate():
     net = UNet3D(levels=3, channels=4)
     before = [p.detach().clone() for p in net.parameters()]
     train(net, [_batch(0)], steps=1, lr=0.0, progress=False)
-    assert all(torch.equal(a, p) for a, p in zip(before, net.parameters()))
+    assert all(torch.equal(a, p) for a, p in zip(before, net.parameters(), strict=True))
     train(net, [_batch(0)], steps=1, lr=1e-2, progress=False)
-    assert not all(torch.equal(a, p) for a, p in zip(before, net.parameters()))
+    assert not all(torch.equal(a, p) for a, p in zip(before, net.parameters(), strict=True))

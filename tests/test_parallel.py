@@ -33,7 +33,7 @@ def runs():
     saved = os.environ.get(tf32.ENV_VAR)
     os.environ[tf32.ENV_VAR] = "1"
     try:
-        return dict(zip(jobs, launch_many(list(jobs.values()), 2)))
+        return dict(zip(jobs, launch_many(list(jobs.values()), 2), strict=True))
     finally:
         if saved is None:
             del os.environ[tf32.ENV_VAR]
@@ -51,7 +51,7 @@ def test_the_ranks_computed_as_tf32_gpus(runs):
 
 def test_ddp_with_cross_replica_bn_equals_single_process(runs):
     ranks = runs["xbn"]
-    assert all(torch.equal(a, b) for a, b in zip(ranks[0]["grads"], ranks[1]["grads"]))
+    assert all(torch.equal(a, b) for a, b in zip(ranks[0]["grads"], ranks[1]["grads"], strict=True))
     assert rel_error(ranks[0]["grads"], single_process_grads({"norm": "cross_replica_bn"})) < 1e-4
 
 
@@ -128,7 +128,7 @@ def test_two_stage_unet_equals_the_unsplit_model():
     out = staged(x)
     torch.testing.assert_close(out, ref_out)
     out.sum().backward()
-    for a, b in zip(net.parameters(), ref):
+    for a, b in zip(net.parameters(), ref, strict=True):
         torch.testing.assert_close(a.grad, b)
     assert staged.boundary_bytes == sum(2 * c * (8 // 2**i) ** 3 * 4 for i, c in enumerate((4, 8, 8)))
 
@@ -157,7 +157,7 @@ def test_replayed_balanced_schedule_has_the_textbook_bubble(kind, stages, m):
 def test_pipelines_give_the_single_process_gradients_and_1f1b_holds_less(runs):
     r0, r1 = runs["pipe"]
     ref = single_process_grads({"norm": "gn"})
-    for a, b in zip(r0["runs"], r1["runs"]):
+    for a, b in zip(r0["runs"], r1["runs"], strict=True):
         assert rel_error(a["grads"] + b["grads"], ref) < 1e-4, a["schedule"]
         assert [(k, i) for k, i, _, _ in a["timeline"]] == schedule_order(a["schedule"], 0, 2, 4)
         assert [(k, i) for k, i, _, _ in b["timeline"]] == schedule_order(b["schedule"], 1, 2, 4)

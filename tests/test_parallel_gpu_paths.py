@@ -138,7 +138,7 @@ def bn_runs():
     w = torch.randn(shape, generator=g, dtype=torch.float64)
     cases = {"fp16": fp16, "offset": offset}
     jobs = [(norm_worker, {"x": x, "w": w, "try_sync_bn": True}) for x in cases.values()]
-    return {name: (x, w, ranks) for (name, x), ranks in zip(cases.items(), launch_many(jobs, 2))}
+    return {name: (x, w, ranks) for (name, x), ranks in zip(cases.items(), launch_many(jobs, 2), strict=True)}
 
 
 @pytest.mark.parametrize("case", ["fp16", "offset"])

@@ -99,7 +99,7 @@ def test_the_plan_partitions_the_volume_and_reads_within_it():
     owned = torch.zeros(shape, dtype=torch.int64)
     for tile in plan:
         owned[tile.own] += 1
-        for o, r, n in zip(tile.own, tile.read, shape):
+        for o, r, n in zip(tile.own, tile.read, shape, strict=True):
             assert 0 <= r.start <= o.start and o.stop <= r.stop <= n
     assert bool((owned == 1).all())
 
@@ -127,7 +127,7 @@ def test_batchnorm_exact_in_sweeps(tiles):
         step = tiled_step(net, x, t, tiles)
     assert step.sweeps == 5  # 2 BatchNorm layers: 2 forward-statistics + loss + 2 backward
     assert relative_error([p.grad for p in net.parameters()], [p.grad for p in ref.parameters()]) < EXACT
-    for a, b in zip(net.buffers(), ref.buffers()):  # running mean/var, batches tracked
+    for a, b in zip(net.buffers(), ref.buffers(), strict=True):  # running mean/var, batches tracked
         assert torch.allclose(a, b, rtol=1e-12, atol=1e-14)
 
 
@@ -221,10 +221,10 @@ def test_spatial_parallel_equals_single_process(spatial, i):
     r0, r1 = spatial[0][i], spatial[1][i]
     ref = spatial_reference(cfg)
     assert r0["owned"] == (0, 8) and r1["owned"] == (8, 16)
-    assert all(torch.equal(a, b) for a, b in zip(r0["grads"], r1["grads"]))  # all-reduced
+    assert all(torch.equal(a, b) for a, b in zip(r0["grads"], r1["grads"], strict=True))  # all-reduced
     assert relative_error(r0["grads"], ref["grads"]) < EXACT
     assert r0["loss"] == pytest.approx(ref["loss"], rel=EXACT)
-    for a, b in zip(r0["running"], ref["running"]):  # BatchNorm's running statistics
+    for a, b in zip(r0["running"], ref["running"], strict=True):  # BatchNorm's running statistics
         assert torch.allclose(a.to(b.dtype), b, rtol=1e-12, atol=1e-14)
 
 

@@ -374,7 +374,7 @@ def expect_grads_close(label: str, got: list, expected: list, rel: float = 1e-4)
     if len(got) != len(expected):
         raise CheckFailed(f"{label}: expected {len(expected)} gradients (one per parameter), got {len(got)}")
     scale = max((e.abs().max().item() for e in expected), default=1.0)
-    for k, (g, e) in enumerate(zip(got, expected)):
+    for k, (g, e) in enumerate(zip(got, expected, strict=True)):
         if g is None:
             raise CheckFailed(f"{label} {k}: no gradient (None): is the parameter still in the graph?")
         expect_close(f"{label} {k}", g, e, atol=rel * scale, rtol=1e-3)

@@ -29,7 +29,7 @@ def _cases(seed: int, part: str) -> list[tuple[tuple[int, ...], torch.dtype]]:
         return [(s, FLOAT_TYPES[i % 2]) for i, s in enumerate(shapes)]
     if part == "small":
         shapes = [(2, 64, 26, 150, 320)] + _shapes(seed, 2, len(SMALL_TYPES) - 1)
-        return [(s, dt) for s, dt in zip(shapes, SMALL_TYPES)]
+        return [(s, dt) for s, dt in zip(shapes, SMALL_TYPES, strict=True)]
     # a scalar, an empty tensor, and 40 TB that must not be allocated
     return [((), torch.float64), ((0, 5), torch.float32), ((100_000, 100_000, 1_000), torch.float32)]
 
@@ -39,7 +39,7 @@ def _observe_nbytes(tensor_nbytes: Callable, seed: int, part: str) -> list:
 
 
 def _judge_nbytes(got: list, seed: int, part: str) -> None:
-    for (shape, dt), value in zip(_cases(seed, part), got):
+    for (shape, dt), value in zip(_cases(seed, part), got, strict=True):
         expected = torch.empty(shape, dtype=dt, device="meta").nbytes
         expect_equal(f"tensor_nbytes({shape}, {dt})", value, expected)
 
@@ -165,7 +165,7 @@ def _(got, seed):
     if len(got) != len(OPS):
         raise CheckFailed(f"expected {len(OPS)} answers, got {len(got)}")
     wrong = []
-    for k, ((name, fn), value) in enumerate(zip(OPS.items(), got)):
+    for k, ((name, fn), value) in enumerate(zip(OPS.items(), got, strict=True)):
         expected = new_storage_bytes(fn, _input(seed, k))
         if value != expected or isinstance(value, bool):
             wrong.append(f"{name}: expected {expected:,} new bytes, got {value!r}")

@@ -9,6 +9,8 @@ on the same input.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
@@ -75,7 +77,7 @@ def _(DoubleConv, seed):
 
 @DC_PARAMS.judge
 def _(got, seed):
-    for (a, b), n in zip(DC_SIZES, got):
+    for (a, b), n in zip(DC_SIZES, got, strict=True):
         expect_equal(f"parameters of DoubleConv({a}, {b})", n, count_parameters(unet.DoubleConv(a, b)))
 
 
@@ -152,7 +154,7 @@ def _seed000_count(DoubleConv, Up, variant: str) -> int:
     cfg = unet.SEED000_VARIANTS[variant]
     enc, dec = cfg["channels"], cfg["decoder_channels"]
     total = count_parameters(DoubleConv(1, enc[0]))
-    total += sum(count_parameters(DoubleConv(a, b)) for a, b in zip(enc, enc[1:]))
+    total += sum(count_parameters(DoubleConv(a, b)) for a, b in itertools.pairwise(enc))
     below = enc[-1]
     for i, out in enumerate(dec):
         total += count_parameters(Up(below + enc[len(enc) - 2 - i], out))

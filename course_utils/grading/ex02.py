@@ -99,7 +99,7 @@ def _(got, seed):
     if missing:
         raise CheckFailed(f"no row for the {', '.join(missing)} hook(s): register all four hooks on "
                           "every leaf module (a module with no children)")
-    for k, (a, b) in enumerate(zip(rows, ref)):
+    for k, (a, b) in enumerate(zip(rows, ref, strict=True)):
         if a[:2] != b[:2]:
             raise CheckFailed(f"row {k}: expected {tuple(b[:2])}, got {tuple(a[:2])}")
     expect_equal("number of rows", len(rows), len(ref))
@@ -115,7 +115,7 @@ def _(got, seed):
     rows, ref = _rows(got), reference_rows(seed)
     if [r[:2] for r in rows] != [r[:2] for r in ref]:
         raise CheckFailed("the rows are not yet the right events (see the part above)")
-    for k, (a, b) in enumerate(zip(rows, ref)):
+    for k, (a, b) in enumerate(zip(rows, ref, strict=True)):
         if a[2] != b[2]:
             raise CheckFailed(f"row {k} {tuple(a[:2])}: counter() gave {b[2]:,} bytes at that hook, "
                               f"your row has {a[2]!r}: read counter() inside the hook")
@@ -146,11 +146,11 @@ def synthetic_rows(seed: int, k: int) -> list[list]:
     names = rnd.sample(NAMES, rnd.randint(4, len(NAMES)))
     deltas = rnd.sample(range(0, 4096, 64), len(names))  # distinct: one largest
     rows, level = [], rnd.randrange(0, 10_000, 8)
-    for n, d in zip(names, deltas):
+    for n, d in zip(names, deltas, strict=True):
         rows.append([n, "pre", level])
         level += d
         rows.append([n, "fwd", level])
-    for n, d in zip(reversed(names), reversed(deltas)):
+    for n, d in zip(reversed(names), reversed(deltas), strict=True):
         rows.append([n, "bwd_pre", level])
         level -= d
         rows.append([n, "bwd", level])

@@ -132,7 +132,7 @@ def _(amp_step, seed):
 @STEP.judge
 def _(got, seed):
     ref = fp32_step(seed)
-    for k, (p, e) in enumerate(zip(got["params"], ref["params"])):
+    for k, (p, e) in enumerate(zip(got["params"], ref["params"], strict=True)):
         expect_close(f"parameter {k} after the step", p, e, atol=1e-4, rtol=1e-2)
     if not got["updated"]:
         raise CheckFailed("scaler.update() was not called after scaler.step(optimizer)")
@@ -149,7 +149,7 @@ def _(got, seed):
     if not all(torch.isfinite(p).all() for p in got["params"]):
         raise CheckFailed("the parameters became inf/NaN: the gradients overflowed, and a step through "
                           "scaler.step(optimizer) would have been skipped")
-    for k, (p, e) in enumerate(zip(got["params"], before.parameters())):
+    for k, (p, e) in enumerate(zip(got["params"], before.parameters(), strict=True)):
         expect_close(f"parameter {k} after an overflowing step (it must stay unchanged)", p, e.detach())
     if got["scale"] != OVERFLOW_SCALE * torch.amp.GradScaler("cpu").get_backoff_factor():
         raise CheckFailed(f"the scale is {got['scale']:g} after an overflowing step; the scaler "

@@ -65,7 +65,7 @@ def autograd_gradients(case: dict) -> list[torch.Tensor]:
 
 
 def _judge_case(got: list, case: dict, what: str) -> None:
-    for name, g, e in zip(("dx", "dweight", "dbias"), got, autograd_gradients(case)):
+    for name, g, e in zip(("dx", "dweight", "dbias"), got, autograd_gradients(case), strict=True):
         expect_close(f"{what}: {name}", g, e, atol=1e-8, rtol=1e-6)
 
 
@@ -145,7 +145,7 @@ def _(got, seed):
     act(bn(x1)).sum().backward()
     if any(g is None for g in got):
         raise CheckFailed("a gradient is None: return (dx, dweight, dbias)")
-    for name, g, e in zip(("d input", "d weight", "d bias"), got, (x1.grad, bn.weight.grad, bn.bias.grad)):
+    for name, g, e in zip(("d input", "d weight", "d bias"), got, (x1.grad, bn.weight.grad, bn.bias.grad), strict=True):
         expect_close(name, g, e, atol=1e-4, rtol=1e-3)
 
 

@@ -68,7 +68,7 @@ def _(encoder_forward, seed):
 def _(got, seed):
     ref = encoder_reference(seed)
     expect_equal("number of skip tensors", len(got["skips"]), len(ref["skips"]))
-    for k, (a, b) in enumerate(zip(got["skips"], ref["skips"])):
+    for k, (a, b) in enumerate(zip(got["skips"], ref["skips"], strict=True)):
         expect_close(f"skip {k}", a, b)
 
 

@@ -91,7 +91,7 @@ def boundary_cases(seed: int) -> list[dict]:
     levels = int(torch.randint(3, 6, (1,), generator=g))
     side = 2 ** (levels - 1)
     vol = [int(v) * side + int(w) for v, w in zip(torch.randint(2, 4, (3,), generator=g),
-                                                  torch.randint(0, side, (3,), generator=g))]
+                                                  torch.randint(0, side, (3,), generator=g), strict=True)]
     return [
         {"net": "seed000 large", "shape": [2, 1, 26, 150, 320], "dtype": "float16"},
         {"net": f"UNet3D(levels={levels}, channels=8)", "levels": levels,
@@ -124,7 +124,7 @@ def reference_boundary(case: dict) -> int:
 
 @BOUNDARY.judge
 def _(got, seed):
-    for case, (name, shape, dtype, value) in zip(boundary_cases(seed), got):
+    for case, (name, shape, dtype, value) in zip(boundary_cases(seed), got, strict=True):
         expect_int(f"boundary_bytes({name}, {tuple(shape)}, {dtype})", value)
         expect_equal(f"boundary_bytes({name}, {tuple(shape)}, {dtype})", value, reference_boundary(case))
 

@@ -158,7 +158,7 @@ def accumulated_grads(config: dict, micro_batches: int, use: int | None = None) 
     (what a pipeline that lost the others would compute)."""
     net = build_net(config)
     x, y = global_batch(config)
-    for xs, ys in list(zip(x.chunk(micro_batches), y.chunk(micro_batches)))[:use]:
+    for xs, ys in list(zip(x.chunk(micro_batches), y.chunk(micro_batches), strict=True))[:use]:
         (nn.functional.cross_entropy(net(xs), ys) / micro_batches).backward()
     return [p.grad.clone() for p in net.parameters()]
 

@@ -157,7 +157,7 @@ def replay_schedule(durations: Sequence[dict[tuple[str, int], float]], kind: str
                 ops[s].append((k, i, start, free[s]))
                 pos[s] += 1
                 progress = True
-    if any(p < len(o) for p, o in zip(pos, orders)):
+    if any(p < len(o) for p, o in zip(pos, orders, strict=True)):
         raise RuntimeError(f"the {kind} schedule deadlocks with these durations")  # cannot happen
     step = max(free)
     return {"ops": ops, "step_s": step,

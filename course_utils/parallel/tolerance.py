@@ -82,7 +82,7 @@ def tf32_branches(config: dict) -> dict:
     with emulate_tf32():
         seen, grads = step()
         _, held = step(ref_seen)
-    changed = sum(int((_decisions(k, a) != _decisions(k, b)).sum()) for (k, a), (_, b) in zip(ref_seen, seen))
+    changed = sum(int((_decisions(k, a) != _decisions(k, b)).sum()) for (k, a), (_, b) in zip(ref_seen, seen, strict=True))
     return {"decisions": sum(_decisions(k, a).numel() for k, a in ref_seen), "changed": changed,
             "error": relative_error(grads, ref), "error, branches held": relative_error(held, ref)}
 
@@ -99,7 +99,7 @@ def branch_margin(config: dict) -> float:
         fp32, _ = _branch_inputs(build_net(config), x)
         exact, _ = _branch_inputs(build_net(config).double(), x.double())
     margin = math.inf
-    for (kind, a), (_, b) in zip(fp32, exact):
+    for (kind, a), (_, b) in zip(fp32, exact, strict=True):
         moved = (a.double() - b).abs().max().item()
         if kind == "ReLU":
             gap = b.abs()
