@@ -29,6 +29,7 @@ One concept a module (tests/test_layout.py checks that every module is listed he
 * ``benchmark``      -- every technique on seed 000's U-Net, predicted and (on a GPU) measured
 * ``gpu_report``     -- the GPU kit: one command runs the course on a CUDA GPU and records it
 * ``readme``         -- README's figures, computed, and its generated tables
+* ``scaffold``       -- a new notebook with its exercise from ``templates/``; the course's layout checks
 * ``grading``        -- (a package) the exercises' checks (one module each), generator, student
                         release, grader
 * ``exercises``, ``grade`` -- old command lines kept working: ``python -m course_utils.exercises``
