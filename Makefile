@@ -24,10 +24,10 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: install
 	$(BIN)/jupyter lab $(ROOT_FLAG) notebooks/
 
-# pytest on every core (pytest-xdist; conftest.py keeps each notebook on one worker, one torch
+# pytest on every core (pytest-xdist; a file per worker, so a notebook runs in one kernel; one torch
 # thread per worker); JOBS=1 runs in one process
 JOBS ?= auto
-XDIST = $(if $(filter 1,$(JOBS)),-p no:xdist,-n $(JOBS) --dist loadgroup)
+XDIST = $(if $(filter 1,$(JOBS)),-p no:xdist,-n $(JOBS) --dist loadfile)
 
 # ruff (rules in pyproject.toml) and notebooks committed without outputs
 lint: install

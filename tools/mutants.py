@@ -403,8 +403,9 @@ MUTANTS += [
       "                    pass",
       "ops only the CPU casts (max_pool3d, cat, cross_entropy) keep their CPU autocast casts"),
     M("amp-fp32-policy-not-applied", AMP,
-      "                return op(*_cast(args, torch.float32),\n",
-      "                return op(*args,\n",
+      "                dt = torch.float32 if policy == \"fp32\" else torch.float16\n",
+      "                dt = torch.float32 if policy == \"fp32\" else torch.float16\n"
+      "                if policy == \"fp32\":\n                    return op(*args, **kwargs)\n",
       "ops on CUDA's fp32 list (upsample_trilinear3d, mse_loss) are not cast to float32"),
     M("amp-weight-cast-not-cached", AMP,
       "    if cacheable:\n        hit = _cache.get(id(t))",

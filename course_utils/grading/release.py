@@ -22,6 +22,7 @@ exNN`` and ``nbgrader autograde exNN`` run as they are.
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -95,7 +96,11 @@ def release(out: Path, root: Path = ROOT, force: bool = False) -> dict:
     pyproject = out / "pyproject.toml"
     if pyproject.exists():
         text = pyproject.read_text()
-        text = text.replace('testpaths = ["tests", "notebooks", "solutions"]', 'testpaths = ["notebooks"]')
+        # the release has no tests/ (they hold the answers): its pytest runs the notebooks only
+        text, n = re.subn(r"(?m)^testpaths = \[.*\]$", 'testpaths = ["notebooks"]', text)
+        if n != 1:
+            raise RuntimeError(f"{pyproject}: expected one 'testpaths = [...]' line to point at notebooks/, "
+                               f"found {n}: update grading/release.py to pyproject.toml's layout")
         pyproject.write_text(text)
     leaks = check_release(out, root)
     if leaks:
