@@ -115,5 +115,6 @@ new-notebook: install
 # the scaffold end to end: the next notebook, scaffolded in a copy of the repository, passes the tests
 # with no other edit (about a minute; tests/test_scaffold.py)
 .PHONY: test-scaffold
+# FULL=1: the whole make test suite on the scaffolded copy (about 8 minutes)
 test-scaffold: install
-	$(BIN)/python -m pytest -q -m scaffold tests/test_scaffold.py
+	$(if $(filter 1,$(FULL)),COURSE_SCAFFOLD_FULL_SUITE=1 )$(BIN)/python -m pytest -q -m scaffold tests/test_scaffold.py

@@ -14,6 +14,8 @@ import pytest
 from course_utils import scaffold
 
 ROOT = scaffold.ROOT
+#: set to 1 (make test-scaffold FULL=1) to run make test's whole suite on the scaffolded copy
+FULL_ENV = "COURSE_SCAFFOLD_FULL_SUITE"
 
 
 def _repository_files() -> list[str]:
@@ -27,7 +29,7 @@ def _repository_files() -> list[str]:
 
 
 @pytest.mark.scaffold
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(2400)
 def test_a_scaffolded_next_notebook_passes_the_tests_with_no_other_edit(tmp_path):
     copy = tmp_path / "course"
     for rel in _repository_files():
@@ -42,12 +44,18 @@ def test_a_scaffolded_next_notebook_passes_the_tests_with_no_other_edit(tmp_path
     for rel in (new.notebook, new.solution, new.exercise, new.grading, new.wrong):
         assert (copy / rel).is_file(), f"the scaffold did not write {rel}:\n{made.stdout}"
     assert scaffold.problems(copy) == []
-    selected = " or ".join([nn, "course_layout", "every_exercise", "three_parts", "committed_exercises",
-                            "nbgrader_metadata", "release_has_no_answers", "teaching_timings", "readme_blocks"])
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-k", selected,
-                          "tests/test_course_layout.py", "tests/test_exercises.py", "tests/test_grading.py",
-                          "tests/test_readme.py", new.notebook, new.solution],
-                         cwd=copy, env=env, capture_output=True, text=True, timeout=500)
+    if os.environ.get(FULL_ENV) == "1":  # make test-scaffold FULL=1: all of make test's suite
+        cmd = ["-n", "auto", "--dist", "loadfile", "-m", "not grader and not emulated and not scaffold",
+               "tests", "notebooks", new.solution]
+        timeout = 1800
+    else:
+        selected = " or ".join([nn, "course_layout", "every_exercise", "three_parts", "committed_exercises",
+                                "nbgrader_metadata", "release_has_no_answers", "teaching_timings", "readme_blocks"])
+        cmd = ["-p", "no:xdist", "-k", selected, "tests/test_course_layout.py", "tests/test_exercises.py",
+               "tests/test_grading.py", "tests/test_readme.py", new.notebook, new.solution]
+        timeout = 500
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *cmd],
+                         cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-2000:]
     passed = [line[len("PASSED "):] for line in run.stdout.splitlines() if line.startswith("PASSED ")]
     # the new exercise's grading tests and both new notebooks were among them
