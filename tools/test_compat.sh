@@ -51,7 +51,7 @@ status=0
   --nets large --techniques "baseline fp32" "autocast fp16" > "$out/gpu-report.log" 2>&1 || status=1
 echo "gpu_report --dry-run: $([ $status = 0 ] && echo ok || echo FAILED) ($out/gpu-report.log)"
 kit=$(date +%s)
-"$venv/bin/python" -m pytest -q -m "not grader" > "$out/pytest.log" 2>&1 || status=1
+"$venv/bin/python" -m pytest -q -m "not grader" tests notebooks solutions > "$out/pytest.log" 2>&1 || status=1
 tail -40 "$out/pytest.log"
 done_at=$(date +%s)
 printf 'torch %s, Python %s: install %ss, GPU kit dry run %ss, make test suite %ss; %s\n' "$version" "$pyver" \
