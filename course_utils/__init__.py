@@ -13,8 +13,8 @@ One concept a module (tests/test_layout.py checks that every module is listed he
 * ``allocator``      -- the CUDA caching allocator: snapshots, expandable segments, its model
 * ``recorded``       -- figures recorded on a GPU, shown (with their origin) where there is none
 * ``limit_test``     -- seed 003's Conv3d 1-4-8-1 memory-limit net
-* ``tiling``         -- a volume trained in slabs: the derived halo, the exact tiled step (BatchNorm
-                        included), its memory predicted and measured
+* ``tiling``         -- (a package) a volume trained in slabs: the derived halo, the exact tiled
+                        step (BatchNorm included), its memory predicted and measured
 * ``spatial``        -- spatial parallelism: one slab per rank, halos exchanged
 * ``numerics``       -- ``relative_error`` and BatchNorm's arithmetic, shared by tiling, spatial
                         and parallel

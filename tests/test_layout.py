@@ -14,7 +14,7 @@ import pytest
 import course_utils
 
 PACKAGE_DIR = Path(course_utils.__file__).parent
-SPLIT = ("course_utils.parallel", "course_utils.memory")
+SPLIT = ("course_utils.parallel", "course_utils.memory", "course_utils.tiling")
 
 
 def _public_names(module) -> set[str]:

@@ -1,0 +1,86 @@
+"""The plan: which voxels each slab owns and which it reads.
+
+``plan_tiles(shape, tiles, halo)`` cuts a volume into slabs along one axis, or into a grid of
+blocks; each ``Tile`` has the region it *owns* (where its loss is computed) and the region it
+*reads* (owned + halo, clipped at the volume's border).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from .halo import TilingError
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One slab: ``own`` = the voxels whose loss it computes (global coordinates, one slice per
+    spatial axis); ``read`` = the input it needs, owned +- halo, clipped at the volume's border."""
+
+    index: tuple[int, ...]
+    own: tuple[slice, ...]
+    read: tuple[slice, ...]
+    volume: tuple[int, ...]  # the whole volume's spatial shape (where the true border is)
+
+    @property
+    def own_voxels(self) -> int:
+        return math.prod(s.stop - s.start for s in self.own)
+
+    @property
+    def read_voxels(self) -> int:
+        return math.prod(s.stop - s.start for s in self.read)
+
+
+def _as_counts(tiles: int | Sequence[int], nd: int, axis: int) -> tuple[int, ...]:
+    if isinstance(tiles, int):
+        counts = [1] * nd
+        counts[axis] = tiles
+        return tuple(counts)
+    counts = tuple(int(t) for t in tiles)
+    if len(counts) != nd:
+        raise TilingError(f"tiles={tiles} gives {len(counts)} counts for a volume with {nd} "
+                          f"spatial axes. Fix: one count per axis, e.g. {(2,) + (1,) * (nd - 1)}.")
+    return counts
+
+
+def _as_halo(halo: int | Sequence[int], nd: int) -> tuple[int, ...]:
+    h = (halo,) * nd if isinstance(halo, int) else tuple(halo)
+    if len(h) != nd or any(not isinstance(v, int) or v < 0 for v in h):
+        raise TilingError(f"halo must be a non-negative int or {nd} of them, got {halo!r}")
+    return h
+
+
+def plan_tiles(shape: Sequence[int], tiles: int | Sequence[int], halo: int | Sequence[int],
+               axis: int = 0, only: Sequence[tuple[int, ...]] | None = None) -> list[Tile]:
+    """Cut a volume of spatial ``shape`` into ``tiles`` slabs along spatial ``axis`` (an int),
+    or into a grid (one count per axis). Owned sizes differ by at most one voxel. ``only``:
+    build just the tiles with these indices (the predictor's representative slabs)."""
+    shape = tuple(int(s) for s in shape)
+    nd = len(shape)
+    counts = _as_counts(tiles, nd, axis)
+    h = _as_halo(halo, nd)
+    bounds = []
+    for a, (n, k) in enumerate(zip(shape, counts, strict=True)):
+        if k < 1:
+            raise TilingError(f"tiles must be >= 1 per axis, got {k} on axis {a}")
+        if k > n:
+            raise TilingError(
+                f"cannot cut axis {a} of {n} voxels into {k} slabs: each slab must own at least "
+                f"one voxel. Fix: at most {n} slabs on that axis (and far fewer: a slab reads "
+                f"its owned voxels + 2 x {h[a]} halo, so thin slabs mostly recompute).")
+        if k > 1 and n < 2 * h[a]:
+            raise TilingError(
+                f"axis {a} has {n} voxels but the halo is {h[a]} on each side: every slab would "
+                f"read (nearly) the whole axis, so splitting it saves no memory and only "
+                f"recomputes. Fix: do not split axis {a}; split a longer axis instead.")
+        bounds.append(lambda i, n=n, k=k: (i * n // k, (i + 1) * n // k))
+    plan = []
+    for index in (itertools.product(*(range(k) for k in counts)) if only is None else only):
+        own = tuple(slice(*bounds[a](i)) for a, i in enumerate(index))
+        read = tuple(slice(max(0, o.start - h[a]), min(shape[a], o.stop + h[a]))
+                     for a, o in enumerate(own))
+        plan.append(Tile(tuple(index), own, read, shape))
+    return plan
