@@ -46,7 +46,7 @@ test-grader: install
 	$(BIN)/python -m pytest -q -m grader tests
 	$(BIN)/python -m pytest -q $(XDIST) solutions
 
-# what a GPU computes differently, on the CPU (about 3 minutes): the tests marked `emulated` (the
+# what a GPU computes differently, on the CPU (about 1-2 minutes): the tests marked `emulated` (the
 # autocast emulation against the real AutocastCUDA kernels on fake CUDA tensors, exercise 08 and
 # notebook 09's tolerances on TF32 ranks and in other summation orders), then notebooks 08 and 09
 # and exercise 08's solution with their parallel ranks computing as TF32 GPUs would
