@@ -25,6 +25,8 @@ from typing import Any, Callable
 
 import torch
 
+from . import scaffold
+
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ROOT / "results" / "figures.json"
 TIMINGS = ROOT / "results" / "timings.json"
@@ -329,19 +331,10 @@ def notebook_timings(only: list[str] | None = None) -> dict[str, Any]:
 def merge_timings(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """``old`` with the rows ``new`` measured replaced, each carrying its own ``measured`` meta
     (the table's header keeps the whole run's); rows of notebooks no longer present are dropped."""
-    present = {p.name[:2] for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    present = {e.nn for e in scaffold.entries(ROOT)}
     rows = {nn: r for nn, r in old["rows"].items() if nn in present}
     rows.update({nn: {**r, "measured": new["meta"]} for nn, r in new["rows"].items()})
     return {"meta": old["meta"], "rows": dict(sorted(rows.items()))}
-
-
-def _title(nn: str) -> str:
-    """A notebook's title from its first heading, e.g. 'GPU memory basics'."""
-    import nbformat
-
-    path = next((ROOT / "notebooks").glob(f"{nn}_*.ipynb"))
-    first = nbformat.read(path, as_version=4).cells[0].source.splitlines()[0]
-    return first.lstrip("# ").split("·", 1)[-1].strip()
 
 
 def render_timings(data: dict[str, Any]) -> str:
@@ -350,8 +343,9 @@ def render_timings(data: dict[str, Any]) -> str:
              f"{m['cores']} cores, load average {m['load average before']} before and "
              f"{m['load average after']} after; nbclient, a fresh kernel per notebook, the `tiny` preset).",
              "", "| NN | notebook | run, CPU | solution run, CPU | suggested slot |", "|---|---|---|---|---|"]
+    titles = {e.nn: scaffold.title(ROOT, e) for e in scaffold.entries(ROOT)}
     for nn, r in sorted(data["rows"].items()):
-        lines.append(f"| {nn} | {_title(nn)} | {r.get('notebooks', '-')} s | {r.get('solutions', '-')} s | "
+        lines.append(f"| {nn} | {titles[nn]} | {r.get('notebooks', '-')} s | {r.get('solutions', '-')} s | "
                      f"{SLOTS_MIN.get(nn, 45)} min |")
     apart = [(nn, r["measured"]) for nn, r in sorted(data["rows"].items()) if "measured" in r]
     if apart:
@@ -381,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
                          "merged into results/timings.json")
     args = ap.parse_args(argv)
     if args.timings:
-        present = sorted(p.name[:2] for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+        present = [e.nn for e in scaffold.entries(ROOT)]
         unknown = sorted(set(args.timings) - set(present))
         if unknown:
             ap.error(f"no notebook {', '.join(unknown)} in notebooks/ (there are {', '.join(present)})")

@@ -157,16 +157,16 @@ def check_tables(root: Path = ROOT) -> list[str]:
     out = []
     course = entries(root)
     rows = _readme_rows((root / "README.md").read_text())
-    stems = [s for _, s in rows]
+    stems, known = [s for _, s in rows], {e.stem for e in course}
     for e in course:
         if e.stem not in stems:
             out.append(f"README.md, table under '{README_SECTION}': no row for {e.notebook}: add "
                        f"`| {e.nn} | `{e.stem}` | <what it answers> |` (`python -m course_utils.scaffold {e.nn}` adds it)")
     for nn, stem in rows:
-        if stem not in {e.stem for e in course} or nn != stem[:2]:
+        if stem not in known or nn != stem[:2]:
             out.append(f"README.md, table under '{README_SECTION}': the row `| {nn} | `{stem}` |` names no notebook: "
                        "fix the name, or remove the row")
-    if [s for s in stems if s in {e.stem for e in course}] != [e.stem for e in course if e.stem in stems]:
+    if [s for s in stems if s in known] != [e.stem for e in course if e.stem in stems]:
         out.append(f"README.md, table under '{README_SECTION}': order the rows by number")
     parts = {}
     for e in course:

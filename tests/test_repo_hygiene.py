@@ -36,18 +36,16 @@ def test_every_committed_notebook_is_stripped_and_recorded_runs_are_exempt():
     assert {str(p): check_stripped.problems(p) for p in paths if check_stripped.problems(p)} == {}
 
 
-def _recipe(target):
-    return subprocess.run(["make", "--no-print-directory", "-n", "-B", target, "STAMP=/dev/null", "BIN=B"], cwd=ROOT, capture_output=True,
-                          text=True, check=True).stdout
+def _recipe(target, *assignments):
+    return subprocess.run(["make", "--no-print-directory", "-n", "-B", target, "STAMP=/dev/null", "BIN=B", *assignments],
+                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
 
 
 def test_make_test_lints_first_and_runs_on_every_core():
     lines = [ln for ln in _recipe("test").splitlines() if ln.startswith("B/") and " pip " not in ln]
     assert lines[0] == "B/ruff check ." and lines[1] == "B/python tools/check_stripped.py"
     assert "-n auto --dist loadfile" in lines[-1] and "pytest" in lines[-1]
-    one = subprocess.run(["make", "--no-print-directory", "-n", "-B", "test", "STAMP=/dev/null", "BIN=B", "JOBS=1"], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout
-    assert "-p no:xdist" in one.splitlines()[-1]
+    assert "-p no:xdist" in _recipe("test", "JOBS=1").splitlines()[-1]
 
 
 def test_ruff_rule_set_is_the_documented_one():
