@@ -113,6 +113,9 @@ class Report:
     exercise: str
     title: str
     parts: list[PartResult] = field(default_factory=list)
+    #: in a notebook: the exercise's total so far (this and earlier check cells), set by
+    #: ``Exercise.run``; ``Score`` shows it as the exercise's one total
+    so_far: "Total | None" = None
 
     @property
     def score(self) -> int:
@@ -141,6 +144,27 @@ class Report:
         return out
 
 
+@dataclass
+class Total:
+    """An exercise's points over every part checked so far in this kernel (each part's latest
+    result); parts not checked yet count 0 and are named."""
+
+    score: int
+    max_score: int
+    unchecked: list[str]
+    passed: bool
+
+    def line(self, exercise: str, this_cell: Report) -> str:
+        done = " -- all parts pass" if not self.unchecked and self.passed else ""
+        text = f"**Exercise {exercise}: {self.score}/{self.max_score} points{done}**"
+        notes = []
+        if self.unchecked or this_cell.max_score != self.max_score:
+            notes.append(f"this check: {this_cell.score}/{this_cell.max_score}")
+        if self.unchecked:
+            notes.append("not checked yet: " + ", ".join(self.unchecked))
+        return text + (f" ({'; '.join(notes)})" if notes else "")
+
+
 class Score(float):
     """A check's score: a float (what nbgrader's autograder reads as the cell's partial credit),
     shown in JupyterLab as "score / maximum"; ``.report`` holds every part."""
@@ -154,6 +178,8 @@ class Score(float):
 
     def _repr_markdown_(self) -> str:
         r = self.report
+        if r.so_far is not None:
+            return r.so_far.line(r.exercise, r)
         done = " -- all parts pass" if r.passed else ""
         return f"**Exercise {r.exercise}: {r.score}/{r.max_score} points{done}**"
 
@@ -192,6 +218,8 @@ class Exercise:
     names: tuple[str, ...]
     refused: dict[str, tuple[str, ...]] = field(default_factory=dict)
     parts: list[Part] = field(default_factory=list)
+    #: each part's latest result in this process (a notebook's check cells): the exercise's total
+    latest: dict[str, PartResult] = field(default_factory=dict, repr=False, compare=False)
 
     def part(self, key: str, name: str, points: int, needs: Iterable[str],
              secret: bool = False) -> Part:
@@ -214,6 +242,18 @@ class Exercise:
     @property
     def max_score(self) -> int:
         return sum(p.points for p in self.parts)
+
+    def total(self) -> Total:
+        """The exercise's points over the latest result of every part (``run`` keeps them):
+        one total per exercise, however many check cells it has. A part the student release
+        cannot check (its answer is the teacher's) is left out of the maximum."""
+        results = [self.latest[p.key] for p in self.parts if p.key in self.latest]
+        return Total(score=sum(r.score for r in results),
+                     max_score=sum(p.points for p in self.parts
+                                   if p.key not in self.latest or self.latest[p.key].checked),
+                     unchecked=list(dict.fromkeys(p.name.split(":")[0] for p in self.parts
+                                                  if p.key not in self.latest)),
+                     passed=all(r.passed for r in results if r.checked))
 
     def refusal(self, name: str, obj: Any) -> Raised | None:
         """In a notebook: refuse a graded object taken from course_utils (the grader refuses
@@ -280,6 +320,8 @@ class Exercise:
         for key in keys:
             data = roundtrip(self.observe(key, objects, seed))
             report.parts.append(self.judge(key, data, seed))
+            self.latest[key] = report.parts[-1]
+        report.so_far = self.total()
         if verbose:
             print("\n".join(report.lines()))
         return Score(report)

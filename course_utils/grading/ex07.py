@@ -35,8 +35,13 @@ def run_encoder(encoder_forward, seed: int) -> dict:
     skips = list(skips)
     sum(s.sum() for s in skips).backward()
     encoder = [p for m in (net.inc, net.downs) for p in m.parameters()]
+    bns = [m for m in (net.inc, net.downs) for m in m.modules() if isinstance(m, nn.BatchNorm3d)]
     return {"skips": [s.detach() for s in skips], "grads": [p.grad for p in encoder],
-            "saved": meter.peak}
+            "saved": meter.peak,
+            # after one forward and backward: a BN recomputed in backward without its statistics
+            # frozen has counted two batches and moved its running mean/var twice
+            "bn_batches": [int(m.num_batches_tracked) for m in bns],
+            "bn_running": [torch.stack([m.running_mean, m.running_var]) for m in bns]}
 
 
 @reference
@@ -57,6 +62,8 @@ SKIPS = EX.part("skips", "encoder_forward: the same skip tensors as without chec
 GRADS = EX.part("grads", "encoder_forward: the same gradients", 1, ["encoder_forward"])
 LESS = EX.part("less", "encoder_forward: stores less for backward (every block checkpointed)", 1,
                ["encoder_forward"])
+BN = EX.part("bn", "encoder_forward: BatchNorm's running statistics move once per step", 1,
+             ["encoder_forward"])
 
 
 @SKIPS.observe
@@ -96,7 +103,30 @@ def _(got, seed):
     if not got["saved"] < 0.5 * ref["saved"]:
         raise CheckFailed(f"saved {got['saved']:,} bytes for backward, {ref['saved']:,} without "
                           "checkpointing: run each block through "
-                          "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)")
+                          "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False, ...)")
+
+
+@BN.observe
+def _(encoder_forward, seed):
+    return run_encoder(encoder_forward, seed)
+
+
+@BN.judge
+def _(got, seed):
+    ref = encoder_reference(seed)
+    expect_equal("number of BatchNorms in the encoder", len(got["bn_batches"]), len(ref["bn_batches"]))
+    twice = sum(n > 1 for n in got["bn_batches"])
+    if twice:
+        raise CheckFailed(f"{twice} of {len(got['bn_batches'])} BatchNorms counted "
+                          f"{max(got['bn_batches'])} batches in one step: the recomputation in backward "
+                          "ran them again in training mode and moved their running statistics a second "
+                          "time (notebook 07, section 7): give checkpoint a context_fn that freezes "
+                          "them while it recomputes")
+    if list(got["bn_batches"]) != list(ref["bn_batches"]):
+        raise CheckFailed(f"BatchNorms counted {got['bn_batches']} batches in one step, "
+                          f"{ref['bn_batches']} without checkpointing: each must count the step once")
+    for k, (a, b) in enumerate(zip(got["bn_running"], ref["bn_running"], strict=True)):
+        expect_close(f"BatchNorm {k}'s running mean and variance", a, b)
 
 
 # -- best_segments(n) ---------------------------------------------------------------------------

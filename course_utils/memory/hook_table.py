@@ -33,6 +33,12 @@ class Row:
     cuda_reserved: int | None  # torch.cuda.memory_reserved(), None on CPU
 
 
+#: what ``MemoryLog.peak_location`` names when the peak falls outside every module: the loss (its
+#: forward, or autograd differentiating it before the model's first backward hook) or the optimizer
+#: step (and anything else after the backward pass)
+LOSS = "(loss)"
+OPTIMIZER = "(optimizer)"
+
 #: the CUDA caching allocator hands out blocks in multiples of 512 bytes
 CUDA_BLOCK_ROUNDING = 512
 
@@ -95,13 +101,20 @@ class MemoryLog(MemTracker):
         self._grad_hooks: list[Any] = []
         self._restore: list[Callable[[], None]] = []
         self._peak_at: tuple[str, str] = ("(nothing tracked)", "")
-        self._in_forward = False
+        self.peak_event: int = 0
+        # before forward -> forward (the root module's) -> loss -> after backward
+        self._stage = "before forward"
 
     def track_external(self, *external: Any) -> None:
         with _cuda_block_rounding(self.round_like_cuda):
             super().track_external(*external)
 
     def _update_peak_stats(self, peak_state) -> None:
+        # called after every op: the stage moves on when autograd's backward starts and ends
+        if self._mod_tracker.is_bw:
+            self._stage = "backward"
+        elif self._stage == "backward":
+            self._stage = "after backward"
         before = sum(self._peak_mem.values())
         if self.module_peaks:
             super()._update_peak_stats(peak_state)
@@ -113,18 +126,48 @@ class MemoryLog(MemTracker):
                     self._peak_mem[dev] = snap["Total"]
                     self._peak_mem_snap[dev] = dict(snap)
         if sum(self._peak_mem.values()) > before:
-            self._peak_at = (self._innermost_module(), "backward" if self._mod_tracker.is_bw
-                             else "forward" if self._in_forward else "optimizer/other")
+            self._peak_at = (self._running_module(), self._phase())
+            self.peak_event = len(self.rows)
 
-    def _innermost_module(self) -> str:
+    def _phase(self) -> str:
+        if self._stage == "backward":
+            return "backward"
+        return "forward" if self._stage in ("forward", "loss") and not self._in_opt else "optimizer/other"
+
+    def _running_module(self) -> str:
+        """The innermost module whose forward or backward is running; when none is (outside the
+        model: the loss, the optimizer step), what runs instead, in brackets."""
         parents = [p for p in self._mod_tracker.parents if p != "Global"]
-        name = max(parents, key=lambda p: p.count("."), default="(between modules: the loss or the engine)")
-        return name.split(".", 1)[1] if "." in name else name
+        if parents:
+            name = max(parents, key=lambda p: p.count("."))
+            return name.split(".", 1)[1] if "." in name else name
+        if self._in_opt:
+            return OPTIMIZER
+        if self._stage == "backward":
+            # no module's backward hook has fired yet in this backward: autograd is
+            # differentiating the loss (the model's root module becomes a parent as soon as the
+            # gradient of its output is ready)
+            return LOSS
+        return {"before forward": "(before forward)", "forward": "(model forward)", "loss": LOSS,
+                "after backward": OPTIMIZER}[self._stage]
 
     @property
     def peak_location(self) -> tuple[str, str]:
-        """(innermost module, phase) at the moment of the peak: phase is "forward",
-        "backward" (checkpoint recomputation included) or "optimizer/other"."""
+        """Where the step's peak (``self.peak``) is: ``(module, phase)`` at the moment the live
+        bytes reached their maximum -- the course's one definition of "where the peak is".
+
+        ``module`` is the innermost module whose forward or backward was running (a
+        checkpointed module's recomputation during backward included), or, outside the model,
+        ``"(loss)"`` (the loss and its gradient) or ``"(optimizer)"`` (the optimizer step,
+        zero_grad). ``phase`` is ``"forward"`` (the model's forward and the loss), ``"backward"``
+        (from ``loss.backward()`` on: the loss's gradient, every module's backward,
+        recomputation) or ``"optimizer/other"``.
+
+        The hook table (``rows``) samples the live bytes only when a module hook fires; the peak
+        can fall between two rows (inside an op, e.g. while a ReLU's backward allocates its
+        gradient, or in the loss), so the row with the most live bytes can be lower than
+        ``peak`` and name another module. ``peak_event`` is the number of rows recorded before
+        the peak (the peak lies between rows ``peak_event - 1`` and ``peak_event``)."""
         return self._peak_at
 
     # -- MemTracker's module hooks, extended with a row each ---------------------------------
@@ -134,7 +177,7 @@ class MemoryLog(MemTracker):
             if self._root is None:
                 self._root = id(module)
             if id(module) == self._root:
-                self._in_forward = True
+                self._stage = "forward"
             self._calls[id(module)] = self._n_calls
             self._n_calls += 1
         self._record(module, "pre")
@@ -143,7 +186,7 @@ class MemoryLog(MemTracker):
         super()._post_fw_hook(module, inputs, outputs)
         if id(module) == self._root and not self._mod_tracker.is_bw:
             self.after_forward = self._snapshot_total("current")
-            self._in_forward = False
+            self._stage = "loss"
         self._record(module, "fwd")
 
     def _pre_bw_hook(self, module: nn.Module, args: Any) -> None:
