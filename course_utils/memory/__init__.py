@@ -32,7 +32,7 @@ Where things are (every name below is also importable from ``course_utils.memory
 
 * ``units``      -- ``MiB``, ``GiB``, ``mib``, ``tensor_bytes``;
 * ``meters``     -- ``SavedTensorMeter``, ``saved_tensors`` (``SavedTensor``), ``LiveBytes``;
-* ``hook_table`` -- ``MemoryLog`` (``Row``, ``CATEGORIES``, ``CUDA_BLOCK_ROUNDING``), ``log_step``;
+* ``hook_table`` -- ``MemoryLog`` (``Row``, ``CATEGORIES``, ``CUDA_BLOCK_ROUNDING``, ``LOSS``, ``OPTIMIZER``), ``log_step``;
 * ``predict``    -- ``predict_step`` (``Prediction``, ``method_label``, ``prime_optimizer``,
   ``default_dtype``) and its twin on a GPU, ``measure_step``;
 * ``oom``        -- ``largest_that_fits``, ``catch_oom``, ``explain_oom``, ``is_oom``;
@@ -40,7 +40,7 @@ Where things are (every name below is also importable from ``course_utils.memory
 """
 
 from .cuda import CudaPeak, cuda_peak, memory_cap, require_cuda
-from .hook_table import CATEGORIES, CUDA_BLOCK_ROUNDING, MemoryLog, Row, log_step
+from .hook_table import CATEGORIES, CUDA_BLOCK_ROUNDING, LOSS, OPTIMIZER, MemoryLog, Row, log_step
 from .meters import LiveBytes, SavedTensor, SavedTensorMeter, saved_tensors
 from .oom import catch_oom, explain_oom, is_oom, largest_that_fits
 from .predict import (
@@ -58,7 +58,7 @@ from .units import GiB, MiB, mib, tensor_bytes
 #: the public names (tests/test_layout.py checks that none of the submodules' is missing)
 __all__ = [
     "CudaPeak", "cuda_peak", "memory_cap", "require_cuda",
-    "CATEGORIES", "CUDA_BLOCK_ROUNDING", "MemoryLog", "Row", "log_step",
+    "CATEGORIES", "CUDA_BLOCK_ROUNDING", "LOSS", "OPTIMIZER", "MemoryLog", "Row", "log_step",
     "LiveBytes", "SavedTensor", "SavedTensorMeter", "saved_tensors",
     "catch_oom", "explain_oom", "is_oom", "largest_that_fits",
     "Prediction", "default_dtype", "measure_step", "method_label", "predict_step", "prime_optimizer",
