@@ -2,8 +2,13 @@
 
 ``torch.autocast`` decides op by op which dtype to run in, and the lists differ by device. On
 the CPU, ``max_pool3d``, ``cat`` and ``cross_entropy_loss`` are on autocast's float32 list; on
-CUDA they are not (they run in the dtype of their inputs). A prediction made on a CPU with CPU
-autocast would therefore describe a CPU, not the GPU the learner trains on.
+CUDA they are not. ``max_pool3d`` and ``cat`` then run in the dtype of their inputs;
+``cross_entropy_loss`` runs as the ops it is made of, each through CUDA autocast on its own:
+``log_softmax`` is called with ``dtype=`` its input's dtype, so its fp32 rule (which applies only
+when no dtype is given) does not fire and ``_log_softmax`` runs in fp16 (bf16); ``nll_loss`` is on
+the fp32 list and casts the log-probabilities to fp32. ``F.log_softmax(x)`` called directly does
+run in fp32. ``aten_dtypes`` shows this through the real kernels. A prediction made on a CPU
+with CPU autocast would therefore describe a CPU, not the GPU the learner trains on.
 
 How this module makes CPU autocast follow CUDA's rules, using the dispatcher itself:
 
@@ -351,6 +356,70 @@ def trace_dtypes(build, input_shape, target_shape, loss_fn, device: str = "cuda"
             with cuda_autocast_rules(), torch.autocast("cpu", dtype=dtype), record:
                 loss_fn(model(x), target)
     return record.log
+
+
+def aten_dtypes(fn, *shapes, dtypes=None, device: str = "cuda",
+                autocast_dtype: torch.dtype = torch.float16) -> list[dict]:
+    """The ATen ops ``fn(*tensors)`` reaches under autocast ``autocast_dtype``, below autocast
+    (a ``TorchDispatchMode``: what each kernel really received), with the dtypes of their tensor
+    inputs and outputs, in order; views and ``prim`` ops left out. ``shapes`` are the shapes of
+    the fake tensors passed to ``fn`` (``dtypes``: theirs, float32 by default; integer dtypes are
+    zeros). ``device="cuda"``: fake CUDA tensors through the installed torch's real AutocastCUDA
+    kernels (forward only, no GPU needed); ``"cpu"``: fake CPU tensors under
+    ``cuda_autocast_rules()``, the emulation the predictor uses. E.g.
+    ``aten_dtypes(F.cross_entropy, (2, 5, 8), (2, 8), dtypes=(torch.float16, torch.long))``.
+
+    The two devices can differ below the autocast decision, in a composite op's own CUDA path:
+    ``F.log_softmax(x16, 1)`` gets ``dtype=float32`` from autocast on both, and then CUDA runs
+    ``_log_softmax(x16, half_to_float=True)`` where the CPU first copies ``x16`` to fp32. The
+    output dtypes agree; the CPU's trace has the extra copy."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"aten_dtypes(device={device!r}): 'cuda' (real kernels, fake tensors) or 'cpu' (emulation)")
+    dtypes = tuple(dtypes or (torch.float32,) * len(shapes))
+    if len(dtypes) != len(shapes):
+        raise ValueError(f"aten_dtypes: {len(shapes)} shapes but {len(dtypes)} dtypes")
+
+    def names(xs) -> tuple[str, ...]:
+        xs = xs if isinstance(xs, (tuple, list)) else (xs,)
+        return tuple(str(t.dtype).removeprefix("torch.") for t in xs if isinstance(t, torch.Tensor))
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.rows: list[dict] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func)
+            if not str(func).startswith("prim") and name not in ("view", "_unsafe_view", "detach"):
+                self.rows.append({"aten op": str(func).removesuffix(".default"),
+                                  "input dtypes": names(list(args) + list((kwargs or {}).values())),
+                                  "output dtypes": names(out)})
+            return out
+
+    record = Record()
+    with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
+        tensors = [torch.zeros(s, dtype=d, device=device) if not d.is_floating_point
+                   else torch.empty(s, dtype=d, device=device) for s, d in zip(shapes, dtypes, strict=True)]
+        if device == "cuda":
+            was = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
+            # torch.autocast("cuda") switches itself off when CUDA is unavailable: set the state
+            torch.set_autocast_enabled("cuda", True)
+            torch.set_autocast_dtype("cuda", autocast_dtype)
+            try:
+                with record:
+                    fn(*tensors)
+            finally:
+                torch.set_autocast_enabled("cuda", was[0])
+                torch.set_autocast_dtype("cuda", was[1])
+                torch.clear_autocast_cache()
+        else:
+            with cuda_autocast_rules(), torch.autocast("cpu", dtype=autocast_dtype), record:
+                fn(*tensors)
+    return record.rows
 
 
 def _checks() -> list[tuple]:

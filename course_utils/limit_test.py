@@ -73,15 +73,20 @@ class LimitRun:
     """One memory-limit run at cube size N (bytes)."""
 
     n: int
-    after_forward: int  # live bytes once the loss is computed (the seed's "Forward")
+    after_forward: int  # live bytes when the model's forward returns: weights, input, target, intermediates
     peak: int  # the step's peak, backward included
     saved: int  # saved-for-backward bytes
     method: str
+    #: bytes the model's forward added (live bytes when it returns minus when it starts): the
+    #: intermediates kept for backward, like for like with the seed's "Forward" column, which
+    #: it read off nvidia-smi on top of the network and the variables (input and target)
+    forward_added: int = 0
 
     def row(self) -> dict:
         naive = naive_bytes(self.n)
         return {"N": self.n, "input MiB": round(input_bytes(self.n) / MiB, 1),
                 "after forward MiB": round(self.after_forward / MiB, 1),
+                "forward added MiB": round(self.forward_added / MiB, 1),
                 "peak MiB": round(self.peak / MiB, 1),
                 "saved MiB": round(self.saved / MiB, 1),
                 "forward / naive 26x": round(self.after_forward / naive, 2),
@@ -108,9 +113,35 @@ def run_limit_test(n: int, device: str | torch.device | None = None, fake: bool 
         m = measure_step(LimitTestNet, shape, shape, dtype=dtype, optimizer=None,
                          steady_state=False, device=device)
         return LimitRun(n, m.allocated_after_forward, m.peak_allocated, m.saved_peak,
-                        "measured (cuda allocator)")
+                        "measured (cuda allocator)", m.kept_after_forward)
     if device is not None and torch.device(device).type != "cpu":
         raise ValueError(f"device must be 'cuda', 'cpu' or None, got {device!r}")
     pred = predict_step(LimitTestNet, shape, shape, dtype=dtype, optimizer=None, fake=fake,
                         steady_state=False)
-    return LimitRun(n, pred.after_forward["Total"], pred.peak, pred.saved_peak, pred.method)
+    return LimitRun(n, pred.after_forward["Total"], pred.peak, pred.saved_peak, pred.method,
+                    pred.kept_after_forward)
+
+
+#: the seed's CUDA initialisation for torch, MB (listed apart from its table: "about 280 MB")
+SEED003_TORCH_INIT_MB = 280
+
+
+def seed003_forward_table(ns=None):
+    """The seed's torch "Forward" column against the course's forward increment at each N, like
+    for like: both are what the forward pass adds on top of the network and the variables. The
+    seed's is MB read off nvidia-smi (2017 PyTorch, cuDNN, the caching allocator's cache
+    included); the course's is ``run_limit_test(n).forward_added`` (predicted for a CUDA GPU,
+    tensors only). "excess" is the seed's minus the course's, in MB. A pandas DataFrame."""
+    import pandas as pd
+
+    rows = []
+    for n in ns or [k for k, (f, _) in SEED003_TORCH.items() if f]:
+        seed_fwd = SEED003_TORCH[n][0]
+        inp = input_bytes(n) / 1e6
+        ours = run_limit_test(n).forward_added / 1e6
+        rows.append({"N": n, "input MB": round(inp, 2), "seed forward MB": seed_fwd,
+                     "course forward added MB": round(ours, 1),
+                     "excess MB": round(seed_fwd - ours, 1),
+                     "excess / input": round((seed_fwd - ours) / inp, 1),
+                     "method": "seed: nvidia-smi (2017); course: predicted for a CUDA GPU"})
+    return pd.DataFrame(rows)
