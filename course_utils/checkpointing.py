@@ -478,11 +478,34 @@ def plot_breakdowns(breakdowns: dict[str, dict[str, int]], ax=None, title: str =
     return ax
 
 
+def hand_count(n: int, s: int) -> float:
+    """Chen et al.'s count for ``n`` layers of two stored layer-sized tensors each (conv output,
+    ReLU output), cut into ``s`` segments: the ``s - 1`` checkpointed segments keep their inputs,
+    one segment (the last, which is not checkpointed, or the one being recomputed) keeps its
+    ``2 n / s`` tensors. In units of one layer's output."""
+    return (s - 1) + 2 * n / s
+
+
+def per_layer_resident_bytes(width: int = 4, round_to: int = 512) -> int:
+    """Parameter and buffer bytes one ``deep_stack`` layer adds, each tensor rounded up to
+    ``round_to`` bytes as CUDA's caching allocator does (512): conv weight, BN weight and bias,
+    running mean and variance, batch counter. Computed from the module, not from a prediction."""
+    layer = deep_stack(1, width)
+    tensors = [*layer.parameters(), *layer.buffers()]
+    return sum(-(-t.numel() * t.element_size() // round_to) * round_to for t in tensors)
+
+
 def sqrt_sweep(ns: Sequence[int] = (4, 8, 16, 32, 64), width: int = 4,
                shape: Sequence[int] = (1, 1, 8, 16, 16)):
     """For each depth n: the predicted peak of the plain stack and of the best segment count
     among the divisors s of n within a factor 2 of sqrt(2n) (``SegmentedStack``, BN-safe), in
-    units of one layer's output ``a``. Returns a DataFrame and ``a`` in bytes."""
+    units of one layer's output ``a``. Returns a DataFrame and ``a`` in bytes.
+
+    The best run's peak is also split by category (predictor's breakdown at the peak):
+    ``activations at peak / a``, ``parameters + buffers / a`` (grow linearly with n),
+    ``rest at peak / a`` (temporaries, weight gradients, optimizer state, other), with the
+    phase of the peak; and ``hand count / a``: ``min (s - 1) + 2 n / s`` over the same
+    candidate s (``hand_count``), an independent count of the stored activations."""
     import math
 
     import pandas as pd
@@ -491,21 +514,46 @@ def sqrt_sweep(ns: Sequence[int] = (4, 8, 16, 32, 64), width: int = 4,
 
     a = shape[0] * width * math.prod(shape[2:]) * 4
 
-    def peak(n, s):
+    def predict(n, s):
         return predict_step(lambda: SegmentedStack(deep_stack(n, width), s), tuple(shape),
-                            n_classes=5, optimizer=None, module_peaks=False).peak
+                            n_classes=5, optimizer=None, module_peaks=False)
 
     rows = []
     for n in ns:
         root = math.sqrt(2 * n)
         cands = [s for s in range(1, n + 1) if n % s == 0 and root / 2 <= s <= 2 * root]
-        peaks = {s: peak(n, s) for s in cands}
-        best = min(peaks, key=lambda s: (peaks[s], s))
+        preds = {s: predict(n, s) for s in cands}
+        best = min(preds, key=lambda s: (preds[s].peak, s))
+        b = preds[best].breakdown
+        resident = b["Parameter"] + b["Buffer"]
         rows.append({"layers n": n, "segments tried": cands, "best s": best,
-                     "checkpointed peak / a": peaks[best] / a, "plain peak / a": peak(n, 0) / a})
+                     "checkpointed peak / a": preds[best].peak / a, "plain peak / a": predict(n, 0).peak / a,
+                     "activations at peak / a": b["Activation"] / a,
+                     "parameters + buffers / a": resident / a,
+                     "rest at peak / a": (preds[best].peak - b["Activation"] - resident) / a,
+                     "weight gradients at peak / a": b["Gradient"] / a,
+                     "hand count / a": min(hand_count(n, s) for s in cands),
+                     "peak in": " ".join(preds[best].log.peak_location)})
     df = pd.DataFrame(rows)
     df.attrs["shape"] = tuple(shape)
     return df, a
+
+
+#: the parts of the best checkpointed peak that ``sqrt_parts_fit`` fits one by one
+SQRT_PARTS = ("activations at peak / a", "parameters + buffers / a", "rest at peak / a")
+
+
+def sqrt_parts_fit(sweep):
+    """``k sqrt(n) + c`` fitted to the best checkpointed peak and to each of its parts
+    (``SQRT_PARTS``) and to the hand count. Least squares is linear in the data, so the parts'
+    ``k`` (and ``c``) add up to the peak's. Returns a DataFrame indexed by ``part``."""
+    import pandas as pd
+
+    n = sweep["layers n"]
+    rows = [{"part": col.removesuffix(" / a"), "k": k, "c": c}
+            for col in ("checkpointed peak / a", *SQRT_PARTS, "hand count / a")
+            for k, c in [sqrt_fit(n, sweep[col])]]
+    return pd.DataFrame(rows).set_index("part")
 
 
 def plot_sqrt_sweep(sweep, ax=None):
@@ -527,6 +575,30 @@ def plot_sqrt_sweep(sweep, ax=None):
     ax.set_ylabel("peak / one layer's output")
     ax.legend(fontsize=8, loc="upper left")
     return k, c
+
+
+#: notebook 07's U-Net variants of README's checkpointing figure (keyword arguments of UNet3D)
+SEED000_CHECKPOINT_HEADLINE = {"none": {}, "level": dict(checkpoint="level"),
+                               "selective": dict(checkpoint="level", checkpoint_policy=save_convolutions)}
+
+
+def predict_seed000_unet(lean_up: bool = True, **unet_kwargs):
+    """``predict_step`` of seed 000's large U-Net at full size (batch 2, 26 x 150 x 320, 5
+    classes, Adam, steady state) under CUDA's autocast fp16 rules, with ``lean_up`` (default
+    True): the one configuration of notebook 07's granularity table and of README's
+    checkpointing figure. ``unet_kwargs`` go to ``seed000_unet`` (``checkpoint=...``)."""
+    from .config import SEED000_VOLUME
+    from .memory import predict_step
+    from .unet import seed000_unet
+
+    return predict_step(lambda: seed000_unet("large", lean_up=lean_up, **unet_kwargs),
+                        (2, 1, *SEED000_VOLUME), n_classes=5, autocast_dtype=torch.float16,
+                        module_peaks=False)
+
+
+def peak_change_pct(peaks: dict[str, int], base: str = "none") -> dict[str, float]:
+    """Each peak against ``peaks[base]``, in % (one decimal)."""
+    return {k: round(100 * (v / peaks[base] - 1), 1) for k, v in peaks.items()}
 
 
 def phase_peaks(prediction) -> dict[str, int]:

@@ -53,8 +53,11 @@ SEED004_CLASSES = 14
 
 class DenseLayer(nn.Module):
     """BN -> ReLU -> Conv1x1 (bn_size x growth) -> BN -> ReLU -> Conv3x3 (growth), applied to
-    the concatenation of its inputs. ``memory_efficient``: the concatenation and the first
-    BN/ReLU/conv are recomputed in backward (their outputs are not stored)."""
+    the concatenation of its inputs. ``memory_efficient``: concatenation -> BN -> ReLU -> 1x1 conv
+    runs under a checkpoint, so the concatenation and its BN/ReLU output (``c_in`` channels each)
+    are not stored but recomputed in backward; the layer still stores the 1x1 conv's output and
+    its BN -> ReLU output (``bn_size x growth`` channels each) and, as inputs of the later layers'
+    checkpoints, its ``growth`` new channels (``stored_per_layer`` counts them)."""
 
     def __init__(self, in_channels: int, growth_rate: int, bn_size: int,
                  memory_efficient: bool = False):
@@ -160,6 +163,67 @@ class DenseNet(nn.Module):
                 x = stage(x)
         x = F.relu(self.norm5(x), inplace=True)
         return self.classifier(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def stored_per_layer(memory_efficient: bool, n_layers: int = 6, in_channels: int = 64,
+                     growth_rate: int = 32, bn_size: int = 4, image: Sequence[int] = (16, 16),
+                     batch: int = 2):
+    """What each layer of a ``DenseBlock`` stores for backward, counted with
+    ``saved_tensors_hooks`` during one forward (each storage once; parameters and per-channel
+    vectors left out). A stored map is charged to the layer that produced it (a layer's output,
+    kept by the later layers' checkpoints, is its own), else to the layer during whose forward
+    it was saved; the block's input is its own row. Defaults: DenseNet-169's first block.
+    Returns a DataFrame: ``layer``, ``c_in`` (channels of its concatenated input), ``stored maps
+    (channels)`` (sorted, largest first), ``channels stored`` (method: saved-tensor hooks)."""
+    import pandas as pd
+
+    from .memory.meters import _storage_key
+
+    block = DenseBlock(n_layers, in_channels, growth_rate, bn_size, memory_efficient)
+    current: list[int | None] = [None]
+    made_by: dict[int, int] = {}
+    saved: dict[int, tuple[int | None, int]] = {}
+
+    def pre(i):
+        def hook(module, args):
+            current[0] = i
+        return hook
+
+    def post(i):
+        def hook(module, args, out):
+            made_by[_storage_key(out)] = i
+            current[0] = None
+        return hook
+
+    handles = [h for i, layer in enumerate(block.layers)
+               for h in (layer.register_forward_pre_hook(pre(i)), layer.register_forward_hook(post(i)))]
+    params = {_storage_key(t) for t in block.parameters()}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(t)
+        if key not in params and t.dim() == 4 and key not in saved:
+            saved[key] = (current[0], t.shape[1])
+        return t
+
+    x = torch.randn(batch, in_channels, *image, requires_grad=True)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            block(x)
+    finally:
+        for h in handles:
+            h.remove()
+    x_key = _storage_key(x)
+    per: dict[str, list[int]] = {}
+    for key, (during, channels) in saved.items():
+        who = "block input" if key == x_key else made_by.get(key, during)
+        per.setdefault(str(who), []).append(channels)
+    rows = [{"layer": "block input", "c_in": None, "stored maps (channels)": sorted(per.get("block input", []), reverse=True)}]
+    rows += [{"layer": str(i), "c_in": in_channels + i * growth_rate,
+              "stored maps (channels)": sorted(per.get(str(i), []), reverse=True)} for i in range(n_layers)]
+    df = pd.DataFrame(rows)
+    df["c_in"] = df["c_in"].astype("Int64")
+    df["channels stored"] = [sum(v) for v in df["stored maps (channels)"]]
+    return df
 
 
 def densenet169(**kwargs) -> DenseNet:

@@ -18,9 +18,11 @@ it is BatchNorm with ``|gamma|``, and the gradient of ``gamma`` carries the sign
 
 **Reduced precision** (a conv under ``torch.autocast`` hands over fp16/bf16): like
 ``nn.BatchNorm``, the batch statistics, the running-statistics update and the per-channel
-gradient sums are computed in fp32, the output stays in the input's dtype. In fp16 a per-channel
-sum over seed 000's 2,496,000 values per channel overflows (fp16's largest value is 65,504):
-``var * count`` alone does for any variance above 0.027.
+gradient sums are computed in fp32, the output stays in the input's dtype. The hazard is the
+per-channel *sums* (of ``x`` and ``x**2`` for the statistics, of ``dy`` and ``dy * x_hat`` for
+the gradients of beta and gamma): over seed 000's 2,496,000 values per channel a sum held in fp16
+(largest value 65,504) overflows once the mean summand exceeds 65,504 / 2,496,000 = 0.026 (the
+sum of squares of unit-variance activations is about 2.5 million). ``channel_sums_fp16`` shows it.
 """
 
 from __future__ import annotations
@@ -190,8 +192,36 @@ def inplace_abn(channels: int, slope: float = 0.01) -> list[nn.Module]:
 
 
 def bn_leaky_relu(channels: int, slope: float = 0.01) -> list[nn.Module]:
-    """The pair In-Place ABN replaces: BatchNorm3d followed by LeakyReLU."""
+    """The pair In-Place ABN replaces: BatchNorm3d followed by LeakyReLU (``inplace=False``: the
+    LeakyReLU saves its *input*, BN's output, so a unit stores three layer-sized tensors)."""
     return [nn.BatchNorm3d(channels), nn.LeakyReLU(slope)]
+
+
+def bn_leaky_relu_inplace(channels: int, slope: float = 0.01) -> list[nn.Module]:
+    """BatchNorm3d followed by ``LeakyReLU(inplace=True)``: the activation overwrites BN's output
+    and saves its *result* (for slope > 0 the result's sign says where the input was negative),
+    so a unit stores two layer-sized tensors, like BN + ReLU -- the fair baseline of In-Place ABN."""
+    return [nn.BatchNorm3d(channels), nn.LeakyReLU(slope, inplace=True)]
+
+
+def channel_sums_fp16(x: torch.Tensor, dz: torch.Tensor | None = None):
+    """The per-channel sums a BatchNorm (and In-Place ABN) forward and backward need -- of ``x``
+    and ``x**2`` (the statistics) and of ``dz`` (the gradient of beta; default all ones) -- each
+    held in fp16 (``sum(..., dtype=float16)``) and in fp32 (the course's accumulation). Channels
+    in dim 1. Returns a pandas DataFrame, one row per sum and channel (method: computed)."""
+    import pandas as pd
+
+    dims = [0, *range(2, x.dim())]
+    dz = torch.ones_like(x) if dz is None else dz
+    terms = {"sum of x": x, "sum of x**2": x * x, "sum of dz (gradient of beta)": dz}
+    rows = []
+    for name, t in terms.items():
+        s16 = t.sum(dims, dtype=torch.float16)
+        s32 = t.sum(dims, dtype=torch.float32)
+        for c in range(x.shape[1]):
+            rows.append({"sum": name, "channel": c, "held in fp16": float(s16[c]),
+                         "fp32 accumulation": float(s32[c])})
+    return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------------------------

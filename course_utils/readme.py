@@ -156,19 +156,13 @@ def _seed002_abn() -> tuple[str, str]:
 
 
 def _seed004_checkpointing() -> tuple[str, str]:
-    from .compare import technique_table
-    from .config import SEED000_VOLUME
-    from .checkpointing import save_convolutions
-    from .unet import seed000_unet
+    from .checkpointing import SEED000_CHECKPOINT_HEADLINE, peak_change_pct, predict_seed000_unet
 
-    t = technique_table({"none": lambda: seed000_unet("large"),
-                         "level": lambda: seed000_unet("large", checkpoint="level"),
-                         "selective": lambda: seed000_unet("large", checkpoint="level",
-                                                           checkpoint_policy=save_convolutions)},
-                        (2, 1, *SEED000_VOLUME), dtype=torch.float16)
-    p = dict(zip(t.variant, t["peak vs baseline %"], strict=True))
+    # notebook 07's configuration (autocast fp16 + lean Up), through the same function
+    peaks = {k: predict_seed000_unet(**kw).peak for k, kw in SEED000_CHECKPOINT_HEADLINE.items()}
+    p = peak_change_pct(peaks)
     return (f"peak {p['level']:+.1f} % per level, {p['selective']:+.1f} % selective (save convs)",
-            "predicted, large net, fp16, full size")
+            "predicted for a CUDA GPU, large net with lean Up, autocast fp16, full size (notebook 07)")
 
 
 def _seed004_densenet() -> tuple[str, str]:
