@@ -14,6 +14,11 @@ controls with a stacked bar. How it stays fast enough to move a slider, and what
   allocator rounding and fragmentation (reserved above allocated). Defaults are assumptions
   stated in ``Overheads.source``; when a GPU run has been recorded (``recorded``), its measured
   context and reserved/allocated ratio replace them.
+* **Data parallelism** (``dp_ranks`` > 1): each GPU holds the step of its share of the batch
+  (the fullest rank's) plus DDP's gradient buckets, a flat copy of every gradient
+  (``parallel.ddp_bucket_bytes``: DDP's default ``gradient_as_bucket_view=False``; measured in
+  notebook 08). NCCL's own buffers are allocated outside PyTorch's allocator: like the CUDA
+  context, they are not in the prediction (see notebook 08).
 """
 
 from __future__ import annotations
@@ -218,7 +223,7 @@ def _lines(key: tuple) -> dict[str, tuple[float, float]]:
 class Estimate:
     config: Config
     local_batch: int
-    parts: dict[str, int]  # bytes per GPU: params, grads, optimizer, activations, temporaries
+    parts: dict[str, int]  # bytes per GPU: params, grads, optimizer, activations, temporaries (+ DDP buckets)
     largest_batch: int  # global batch that fits the budget on every GPU
     overheads: Overheads
     method: str = ("predicted (MemTracker under FakeTensorMode, steady-state step, CUDA rules; "
@@ -250,6 +255,18 @@ class Estimate:
                 f"largest batch in {c.budget_gib} GiB": self.largest_batch}
 
 
+@functools.lru_cache(maxsize=256)
+def _ddp_buckets(key: tuple) -> int:
+    """DDP's gradient buckets on each rank for the configuration (``parallel.ddp_bucket_bytes``:
+    one more copy of every gradient, in the parameters' dtype), counted on the meta device."""
+    from .parallel.data_parallel import ddp_bucket_bytes
+
+    cfg = Config(**dict(key))
+    with torch.device("meta"):
+        net = build(cfg).to(PRECISIONS[cfg.precision][0])
+    return ddp_bucket_bytes(sum(p.numel() * p.element_size() for p in net.parameters() if p.requires_grad))
+
+
 def _parts(lines: dict[str, tuple[float, float]], batch: int) -> dict[str, int]:
     return {k: max(0, int(round(a + s * batch))) for k, (a, s) in lines.items()}
 
@@ -260,6 +277,8 @@ def estimate(cfg: Config, over: Overheads | None = None) -> Estimate:
     _validate(cfg)
     over = over or overheads()
     lines = _lines(cfg.model_key())
+    if cfg.dp_ranks > 1:  # DDP: its gradient buckets, held as long as the model (the whole step)
+        lines = {**lines, "DDP buckets": (float(_ddp_buckets(cfg.model_key())), 0.0)}
     local = -(-cfg.batch // cfg.dp_ranks)  # ceil: the fullest rank
     budget = cfg.budget_gib * GiB
     per_sample = sum(s for _, s in lines.values())
@@ -368,7 +387,7 @@ def pareto(points: list[tuple[float, float]]) -> list[bool]:
 
 
 COLORS = {"params": "#4c72b0", "grads": "#55a868", "optimizer": "#c44e52", "activations": "#8172b2",
-          "temporaries": "#ccb974", "context + slack": "#bbbbbb"}
+          "temporaries": "#ccb974", "DDP buckets": "#dd8452", "context + slack": "#bbbbbb"}
 
 
 def plot(est: Estimate, ax=None):

@@ -1,7 +1,8 @@
 """Drawings for notebooks 08 and 09: what each rank holds, and a pipeline schedule with its bubble.
 
 * ``plot_rank_memory`` -- one stacked bar per rank (or per strategy): parameters, gradients,
-  optimizer state, parameters gathered for the running unit, activations;
+  optimizer state, DDP's gradient buckets, parameters gathered for the running unit and
+  prefetched for the next, activations;
 * ``plot_schedule``    -- one row per pipeline stage: forward and backward ops of each
   micro-batch on a time axis, the idle time (the bubble) shaded;
 * ``plot_layouts``     -- per-GPU memory of data x pipeline parallel layouts.
@@ -16,7 +17,9 @@ CATEGORIES: dict[str, tuple[str, str]] = {
     "params": ("tab:blue", ""),
     "grads": ("tab:orange", ""),
     "optimizer": ("tab:green", ""),
+    "DDP buckets": ("peachpuff", ".."),
     "gathered params": ("lightsteelblue", "//"),
+    "prefetched params": ("lavender", "\\\\"),
     "unsharded grads": ("navajowhite", "//"),
     "activations": ("tab:red", ""),
 }

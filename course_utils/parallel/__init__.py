@@ -29,14 +29,16 @@ Where things are (every name below is also importable from ``course_utils.parall
 * ``launcher``      -- ``launch``, ``launch_many``, ``LaunchError``, ``LaunchTimeout``,
   ``backend_for``, ``free_port``, ``compared``: spawning the ranks, deadlines, the failing rank
   named (``_entry``, ``_Output``, ``_dump_stacks``, ``_stop``, ``_diagnose``);
-* ``data_parallel`` -- ``ddp_worker``, ``CrossReplicaBatchNorm3d``, ``norm_worker``, the demos'
+* ``data_parallel`` -- ``ddp_worker``, ``ddp_bucket_bytes``, ``CrossReplicaBatchNorm3d``, ``norm_worker``, the demos'
   net and batch (``build_net``, ``NORMS``, ``global_batch``), ``single_process_grads``,
   ``accumulated_grads``, ``per_replica_bn_errors``, ``relative_error``;
 * ``tolerance``     -- ``reference_grads`` (float64 reference and tolerance), ``tf32_errors``,
   ``tf32_branches``, ``branch_margin``;
-* ``fsdp``          -- ``fsdp_worker``, ``fsdp_units``, ``fsdp_rank_memory``;
+* ``fsdp``          -- ``fsdp_worker``, ``fsdp_units``, ``fsdp_rank_memory``,
+  ``fsdp_backward_moments``, ``BACKWARD_PREFETCH``;
 * ``pipeline``      -- ``EncoderStage``, ``DecoderStage``, ``TwoStageUNet``,
-  ``split_and_reference``, ``schedule_order``, ``replay_schedule``, ``OpTimer``,
+  ``split_and_reference``, ``schedule_order``, ``replay_schedule``, ``gpipe_idle``,
+  ``stage_durations``, ``OpTimer``,
   ``pipeline_worker``, ``pipelining_worker``, ``pipeline_layouts`` and their helpers;
 * ``cli``           -- ``main`` (``python -m``/``torchrun -m course_utils.parallel``, through
   ``__main__``), ``train_worker``, ``torchrun_backend``, ``torchrun_command``, the failure demos
@@ -53,6 +55,7 @@ from .data_parallel import (
     accumulated_grads,
     build_net,
     cross_replica_bn_relu,
+    ddp_bucket_bytes,
     ddp_worker,
     global_batch,
     gn_relu,
@@ -62,7 +65,7 @@ from .data_parallel import (
     relu_only,
     single_process_grads,
 )
-from .fsdp import fsdp_rank_memory, fsdp_units, fsdp_worker
+from .fsdp import BACKWARD_PREFETCH, fsdp_backward_moments, fsdp_rank_memory, fsdp_units, fsdp_worker
 from .launcher import (
     COLLECTIVE_TIMEOUT_S,
     LaunchError,
@@ -82,6 +85,7 @@ from .pipeline import (
     OpTimer,
     TwoStageUNet,
     bubble_fraction,
+    gpipe_idle,
     in_flight,
     pipeline_layouts,
     pipeline_worker,
@@ -90,6 +94,7 @@ from .pipeline import (
     replay_timelines,
     schedule_order,
     split_and_reference,
+    stage_durations,
     stage_of,
     stage_parameters,
     stage_saved_bytes,
@@ -102,14 +107,14 @@ __all__ = [
     "failing_worker", "main", "source_worker", "stuck_worker", "torchrun_backend", "torchrun_command",
     "train_worker",
     "NORMS", "CrossReplicaBatchNorm3d", "accumulated_grads", "build_net", "cross_replica_bn_relu",
-    "ddp_worker", "global_batch", "gn_relu", "norm_worker", "per_replica_bn_errors", "relative_error",
+    "ddp_bucket_bytes", "ddp_worker", "global_batch", "gn_relu", "norm_worker", "per_replica_bn_errors", "relative_error",
     "relu_only", "single_process_grads",
-    "fsdp_rank_memory", "fsdp_units", "fsdp_worker",
+    "BACKWARD_PREFETCH", "fsdp_backward_moments", "fsdp_rank_memory", "fsdp_units", "fsdp_worker",
     "COLLECTIVE_TIMEOUT_S", "LaunchError", "LaunchTimeout", "backend_for", "compared", "free_port",
     "launch", "launch_many",
-    "SCHEDULES", "DecoderStage", "EncoderStage", "OpTimer", "TwoStageUNet", "bubble_fraction",
+    "SCHEDULES", "DecoderStage", "EncoderStage", "OpTimer", "TwoStageUNet", "bubble_fraction", "gpipe_idle",
     "in_flight", "pipeline_layouts", "pipeline_worker", "pipelining_worker", "replay_schedule",
-    "replay_timelines", "schedule_order", "split_and_reference", "stage_of", "stage_parameters",
+    "replay_timelines", "schedule_order", "split_and_reference", "stage_durations", "stage_of", "stage_parameters",
     "stage_saved_bytes", "unit_durations",
     "branch_margin", "reference_grads", "tf32_branches", "tf32_errors",
 ]

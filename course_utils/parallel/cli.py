@@ -129,6 +129,17 @@ def torchrun_command(nproc: int = 2, module: str = "course_utils.parallel") -> t
     return cmd, f"{nproc} processes, gloo on the CPU (no GPU)"
 
 
+def _say(line: str) -> None:
+    """Print one line of a rank's output in a single write. torchrun's ranks share one stdout
+    (a pipe when a notebook captures it), and ``print`` writes the text and then the newline:
+    two writes when Python's output is unbuffered (``PYTHONUNBUFFERED=1``, as in many containers
+    and CI images), so two ranks finishing together printed ``rank 0 ...rank 1 ...`` on one line
+    and an empty line after it. One write of fewer than ``PIPE_BUF`` bytes (4096 on Linux) to a
+    pipe is atomic (POSIX): whole lines, in whatever order the ranks finish."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point for ``torchrun --nproc-per-node=N -m course_utils.parallel``."""
     ap = argparse.ArgumentParser(description="DDP/FSDP training of the course U-Net")
@@ -154,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                             device_id=device if device.type == "cuda" else None)
     try:
         r = train_worker(rank, world, device, config)
-        print(f"rank {rank}/{world} ({backend}): losses {[round(v, 4) for v in r['losses']]}", flush=True)
+        _say(f"rank {rank}/{world} ({backend}): losses {[round(v, 4) for v in r['losses']]}")
     finally:
         dist.destroy_process_group()
     return 0

@@ -187,13 +187,45 @@ def _state_bytes(params, optimizer) -> dict[str, int]:
 
 
 
+def _recording_allreduce(buckets: dict):
+    """A DDP communication hook that does what DDP does by default (average the bucket over the
+    ranks: ``default_hooks.allreduce_hook``) and records each bucket's flat buffer
+    (``GradBucket.buffer()``): its bytes and its storage."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    def hook(state, bucket):
+        buf = bucket.buffer()
+        buckets[bucket.index()] = (buf.numel() * buf.element_size(), buf.untyped_storage().data_ptr())
+        return allreduce_hook(state, bucket)
+
+    return hook
+
+
+def ddp_bucket_bytes(grad_bytes: int, gradient_as_bucket_view: bool = False) -> int:
+    """Bytes DDP's gradient buckets add on each rank (computed): DDP all-reduces the gradients
+    in flat buckets (``bucket_cap_mb``, 25 MiB by default, the first one 1 MiB) that together
+    hold every gradient, in the gradients' dtype, for as long as the DDP model lives. With
+    ``gradient_as_bucket_view=False`` (DDP's default, the course's) the ``.grad`` tensors are
+    separate tensors and the buckets one more copy: + the gradient bytes. With ``True`` the
+    gradients are views into the buckets: + 0 (torch 2.13's DDP docstring: "the saved memory
+    size will be equal to the total gradients size"). ``ddp_worker`` measures it."""
+    return 0 if gradient_as_bucket_view else grad_bytes
+
+
 @compared
 def ddp_worker(rank: int, world: int, device: torch.device, config: dict) -> dict:
-    """One DDP step on this rank's shard of the global batch."""
+    """One DDP step on this rank's shard of the global batch. Besides gradients and memory it
+    measures DDP's gradient buckets through a communication hook that averages them as DDP
+    does: ``bucket_bytes`` (their flat buffers) and ``bucket_extra_bytes`` (the part that is
+    not the ``.grad`` tensors' own storage; ``config["gradient_as_bucket_view"]``, default False
+    as in DDP)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     net = build_net(config).to(device)
-    model = DDP(net, device_ids=[device.index] if device.type == "cuda" else None)
+    view = bool(config.get("gradient_as_bucket_view", False))
+    model = DDP(net, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=view)
+    buckets: dict[int, tuple[int, int]] = {}
+    model.register_comm_hook(None, _recording_allreduce(buckets))
     x, y = global_batch(config)
     xs, ys = x.chunk(world)[rank].to(device), y.chunk(world)[rank].to(device)
     opt = torch.optim.Adam(model.parameters())
@@ -201,6 +233,10 @@ def ddp_worker(rank: int, world: int, device: torch.device, config: dict) -> dic
         loss = nn.functional.cross_entropy(model(xs), ys)
     loss.backward()
     grads = [p.grad.detach().cpu().clone() for p in model.parameters()]
+    grad_storages = {p.grad.untyped_storage().data_ptr() for p in model.parameters() if p.grad is not None}
     opt.step()
     return {"rank": rank, "local_batch": xs.shape[0], "loss": loss.item(), "grads": grads,
-            "saved_bytes": meter.peak, **_state_bytes(list(model.parameters()), opt)}
+            "saved_bytes": meter.peak, "gradient_as_bucket_view": view,
+            "bucket_bytes": sum(n for n, _ in buckets.values()),
+            "bucket_extra_bytes": sum(n for n, ptr in buckets.values() if ptr not in grad_storages),
+            **_state_bytes(list(model.parameters()), opt)}

@@ -18,7 +18,7 @@ from torch import nn
 from ..memory import SavedTensorMeter
 from ..tf32 import exact_fp32
 from ..unet import UNet3D
-from .data_parallel import build_net, global_batch
+from .data_parallel import build_net, ddp_bucket_bytes, global_batch
 from .launcher import compared
 
 
@@ -95,6 +95,33 @@ def bubble_fraction(stages: int, micro_batches: int) -> float:
     """The idle share of each device for S balanced stages and M micro-batches,
     (S - 1) / (M + S - 1): the same for GPipe and 1F1B (1F1B saves memory, not time)."""
     return (stages - 1) / (micro_batches + stages - 1)
+
+
+def gpipe_idle(forward: Sequence[float], backward: Sequence[float], micro_batches: int) -> list[float]:
+    """Each stage's idle share under GPipe when the stages are *not* equal: ``forward[s]`` and
+    ``backward[s]`` are stage s's durations for one micro-batch (the same for every micro-batch),
+    communication is free.
+
+    Derivation: the forwards are a flow shop of M identical jobs through the S stages in order,
+    so the last stage finishes its last forward at sum(forward) + (M - 1) max(forward); the
+    backwards then flow back the same way, sum(backward) + (M - 1) max(backward) more. Stage s
+    is busy M (forward[s] + backward[s]) of that step. With equal stages, forward f and
+    backward b, the step is (M + S - 1)(f + b) and every stage's idle share is
+    ``bubble_fraction(S, M)`` = (S - 1) / (M + S - 1); with unequal stages the heavier stage
+    waits less than that and the lighter one more."""
+    m = micro_batches
+    step = sum(forward) + (m - 1) * max(forward) + sum(backward) + (m - 1) * max(backward)
+    return [1 - m * (f + b) / step for f, b in zip(forward, backward, strict=True)]
+
+
+def stage_durations(timelines: Sequence[list[tuple[str, int, float, float]]]) -> tuple[list[float], list[float]]:
+    """Each stage's mean forward and mean backward duration of one micro-batch, from the ranks'
+    measured ``timeline``s: the inputs of ``gpipe_idle``."""
+    def mean(tl, kind):
+        d = [e - s for k, _, s, e in tl if k == kind]
+        return sum(d) / len(d)
+
+    return [mean(tl, "F") for tl in timelines], [mean(tl, "B") for tl in timelines]
 
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -375,8 +402,13 @@ def pipeline_layouts(build: Callable[[], UNet3D], volume: Sequence[int], global_
     4 values per parameter in ``dtype``, from the parameter counts; (b) the saved-for-backward
     bytes of those modules for the batch it sees (``predict_step``'s per-module log, batch =
     global_batch / dp). With GPipe a stage keeps every micro-batch of its pipeline's batch; with
-    1F1B and micro-batches of one sample, stage s keeps at most S - s of them. Not counted:
-    temporaries of backward, the CUDA context, the allocator's slack, communication buffers."""
+    1F1B and micro-batches of one sample, stage s keeps at most S - s of them. (c) With dp > 1,
+    DDP's gradient buckets over the modules it runs (``ddp_bucket_bytes``: one more copy of their
+    gradients, DDP's default). ``... (micro-batches of 1)``: every layout run in micro-batches of
+    one sample, to compare like with like: a data-parallel replica accumulating gradients over its
+    batch keeps one sample's activations (predicted at batch 1); a pipeline stage runs 1F1B (the
+    1F1B column). Not counted: temporaries of backward, the CUDA context, the allocator's slack,
+    NCCL's buffers."""
     from ..memory import predict_step
 
     with torch.device("meta"):
@@ -394,12 +426,19 @@ def pipeline_layouts(build: Callable[[], UNet3D], volume: Sequence[int], global_
             saved_by_batch[b] = stage_saved_bytes(pred)
         saved = saved_by_batch[b]
         if pp == 1:
-            gpus = {"whole net": (static[0] + static[1], saved[0] + saved[1], saved[0] + saved[1])}
+            if 1 not in saved_by_batch:
+                saved_by_batch[1] = stage_saved_bytes(predict_step(build, (1, 1, *volume), n_classes=n_classes,
+                                                                   dtype=dtype))
+            one = saved_by_batch[1][0] + saved_by_batch[1][1]
+            gpus = {"whole net": (static[0] + static[1], saved[0] + saved[1], saved[0] + saved[1], one)}
         else:
-            gpus = {f"stage {s + 1}": (static[s], saved[s], saved[s] * min(2 - s, b) / b) for s in (0, 1)}
-        for gpu, (st, gpipe, one_f_one_b) in gpus.items():
+            gpus = {f"stage {s + 1}": (static[s], saved[s], saved[s] * min(2 - s, b) / b,
+                                       saved[s] * min(2 - s, b) / b) for s in (0, 1)}
+        for gpu, (st, gpipe, one_f_one_b, micro) in gpus.items():
+            buckets = ddp_bucket_bytes(st // 4) if dp > 1 else 0  # a quarter of st: the gradients
             rows.append({"dp": dp, "pp": pp, "GPUs": dp * pp, "batch per pipeline": b, "GPU holds": gpu,
-                         "params + grads + Adam": st, "activations (GPipe)": gpipe,
-                         "activations (1F1B)": one_f_one_b, "total (GPipe)": st + gpipe,
-                         "total (1F1B)": st + one_f_one_b})
+                         "params + grads + Adam": st, "DDP buckets": buckets, "activations (GPipe)": gpipe,
+                         "activations (1F1B)": one_f_one_b, "activations (micro-batches of 1)": micro,
+                         "total (GPipe)": st + buckets + gpipe, "total (1F1B)": st + buckets + one_f_one_b,
+                         "total (micro-batches of 1)": st + buckets + micro})
     return rows
