@@ -7,7 +7,9 @@ per technique and net:
   (``explorer.estimate``), what the card needs with context and slack, the largest batch for
   the budget card, activations kept after forward, where the peak is, and the step's FLOPs
   counted by ``torch.utils.flop_counter.FlopCounterMode`` under FakeTensorMode (forward,
-  backward and any recomputation; convolutions and matrix products only);
+  backward and any recomputation; convolutions and matrix products only) and the estimated step
+  time for ``explorer.DEFAULT_CARD`` (``explorer.step_cost``: those FLOPs, the element-wise ops'
+  bytes and any host copies at the card's spec-sheet rates);
 * **measured** (CUDA only): the same step's ``max_memory_allocated`` / ``max_memory_reserved``
   (``memory.measure_step``), the driver's used memory, the median step time, the largest batch
   under an allocator cap of (budget - measured CUDA context), and the prediction's miss in %.

@@ -13,21 +13,29 @@ controls with a stacked bar. How it stays fast enough to move a slider, and what
   allocator never sees, and slack for what the prediction cannot see -- cuDNN workspaces,
   allocator rounding and fragmentation (reserved above allocated). Defaults are assumptions
   stated in ``Overheads.source``; when a GPU run has been recorded (``recorded``), its measured
-  context and reserved/allocated ratio replace them.
+  context and reserved/allocated ratio replace them. ``seed000_overheads`` is the context seed
+  000's own numbers imply (~1.1 GiB), and ``margin`` / ``margin_table`` say how much room a batch
+  has under each assumption and up to which context it still fits.
 * **Data parallelism** (``dp_ranks`` > 1): each GPU holds the step of its share of the batch
   (the fullest rank's) plus DDP's gradient buckets, a flat copy of every gradient
   (``parallel.ddp_bucket_bytes``: DDP's default ``gradient_as_bucket_view=False``; measured in
   notebook 08). NCCL's own buffers are allocated outside PyTorch's allocator: like the CUDA
   context, they are not in the prediction (see notebook 08).
+* **Time** (``step_cost``), estimated for a named card (``CARDS``: spec-sheet rates and their
+  sources; ``DEFAULT_CARD``): the convolutions' counted FLOPs, the bytes the element-wise ops read
+  and write (``ElementwiseBytes``) and, with offload, what ``save_on_cpu`` copies over PCIe and
+  holds in pinned host memory; ``cost_table`` ranks configurations on every card.
 """
 
 from __future__ import annotations
 
 import functools
+import weakref
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
+import torch.utils._python_dispatch
 
 from .checkpointing import save_convolutions
 from .inplace_abn import inplace_abn
@@ -300,6 +308,70 @@ def table(configs: list[Config]):
     return pd.DataFrame([estimate(c, over).row() for c in configs])
 
 
+#: Seed 000's own figures (shared/seeds/unet3d_memory_question.txt): nvidia-smi showed "around
+#: 7000MiB" at the peak, and the largest ``mem_cached`` of its hook table (PyTorch's reserved
+#: memory) was 6,121,586,688 B = 5,838 MiB. What nvidia-smi counts beyond the caching allocator's
+#: reserve is the CUDA context and its libraries: 7000 - 5838 = 1,162 MiB (~1.1 GiB).
+SEED000_SMI_MIB = 7000
+SEED000_PEAK_CACHED_BYTES = 6_121_586_688
+
+
+def seed000_overheads(slack: float | None = None) -> Overheads:
+    """The context seed 000's own numbers imply (nvidia-smi's peak less the allocator's largest
+    reserve; ``SEED000_SMI_MIB``, ``SEED000_PEAK_CACHED_BYTES``), with the slack of
+    ``overheads()`` unless ``slack`` is given: the alternative to the assumed 500 MiB."""
+    context = SEED000_SMI_MIB - SEED000_PEAK_CACHED_BYTES / MiB
+    slack = overheads().slack if slack is None else slack
+    return Overheads(context, slack,
+                     f"seed 000's numbers: nvidia-smi ~{SEED000_SMI_MIB} MiB less its largest mem_cached "
+                     f"{SEED000_PEAK_CACHED_BYTES / MiB:,.0f} MiB = {context:,.0f} MiB outside the caching "
+                     f"allocator (their GPU, driver and libraries); slack {100 * slack:.0f} % as the default")
+
+
+@functools.lru_cache(maxsize=64)
+def _direct(key: tuple, batch: int) -> int:
+    cfg = Config(**dict(key))
+    dtype, ac = PRECISIONS[cfg.precision]
+    return predict_step(lambda: build(cfg), (batch, 1, *cfg.volume), n_classes=5, dtype=dtype,
+                        autocast_dtype=ac, module_peaks=False).peak
+
+
+def direct_peak(cfg: Config) -> int:
+    """The steady-state step of ``cfg`` predicted at its own (per-GPU) batch, not scaled from the
+    probe batch: the check of ``estimate``'s scaling where a margin is thin."""
+    _validate(cfg)
+    return _direct(cfg.model_key(), -(-cfg.batch // cfg.dp_ranks))
+
+
+def margin(cfg: Config, over: Overheads | None = None) -> dict[str, Any]:
+    """How close ``cfg`` (at its batch) is to not fitting its card under the overheads ``over``
+    (default ``overheads()``): the context assumed and where it comes from, the usable bytes (the
+    largest allocated peak the card holds), the predicted peak (``direct_peak``: at this batch,
+    not scaled), what the card needs, the margin (card - needs; negative: it does not fit) in MiB
+    and in % of the card, the largest batch (``estimate``), and the largest context at which
+    ``cfg.batch`` still fits (context + margin). One table row, in MiB."""
+    over = over or overheads()
+    card_bytes = cfg.budget_gib * GiB
+    peak = direct_peak(cfg)
+    left = card_bytes - over.needed(peak)
+    return {"context MiB": round(over.context_mib), "context source": over.source.split(":")[0],
+            "slack %": round(100 * over.slack), "usable MiB": round(over.usable(card_bytes) / MiB),
+            f"predicted peak at batch {cfg.batch} MiB": round(peak / MiB),
+            "card needs MiB": round(over.needed(peak) / MiB), "margin MiB": round(left / MiB),
+            "margin % of card": round(100 * left / card_bytes, 1),
+            f"largest batch in {cfg.budget_gib} GiB": estimate(cfg, over).largest_batch,
+            f"batch {cfg.batch} fits up to a context of MiB": round(over.context_mib + left / MiB)}
+
+
+def margin_table(cfg: Config, assumptions: list[Overheads] | None = None):
+    """``margin(cfg, over)`` for each of ``assumptions`` (default: ``overheads()``, the course's
+    assumption or a GPU recording, and ``seed000_overheads()``): a pandas DataFrame, one row each."""
+    import pandas as pd
+
+    assumptions = assumptions or [overheads(), seed000_overheads()]
+    return pd.DataFrame([margin(cfg, o) for o in assumptions])
+
+
 #: the checkpointing choices of notebooks 07 and 10's first table (finer ones: ``CHECKPOINTING``)
 BASIC_CHECKPOINTING = ("none", "level", "selective")
 
@@ -344,39 +416,243 @@ def _flops(key: tuple) -> int:
 
 
 @dataclass(frozen=True)
+class Card:
+    """A GPU's published peak throughputs, for the time estimates (spec sheets, not measurements:
+    sustained rates are lower, so every time computed from them is optimistic)."""
+
+    name: str
+    fp32_flops: float  # FP32 FLOP/s (CUDA cores; on Ampere also TF32 tensor cores, dense)
+    fp16_flops: float  # 16-bit convolutions as PyTorch runs them: fp16 data, fp32 accumulation
+    bf16_flops: float  # bf16 with fp32 accumulation (tensor cores from Ampere on)
+    memory_bytes_per_s: float  # device memory bandwidth
+    pcie: str  # PCIe generation x lanes
+    pcie_bytes_per_s: float  # theoretical host <-> device bandwidth per direction
+    source: str
+
+    def flops(self, precision: str) -> float:
+        """FLOP/s of the convolutions of a ``PRECISIONS`` key: its model dtype, or autocast's."""
+        dtype, ac = PRECISIONS[precision]
+        low = ac or dtype
+        return {torch.float16: self.fp16_flops, torch.bfloat16: self.bf16_flops}.get(low, self.fp32_flops)
+
+
+def pcie_bytes_per_s(gen: int, lanes: int = 16) -> float:
+    """Theoretical PCIe bandwidth per direction: GT/s per lane (gen 3: 8, gen 4: 16) x lanes x
+    128b/130b encoding / 8 bits (PCI-SIG base specifications 3.0 and 4.0): 15.75 GB/s for gen 3
+    x16, 31.5 GB/s for gen 4 x16. Pinned copies reach about 80 % of it in practice."""
+    return {3: 8e9, 4: 16e9}[gen] * lanes * 128 / 130 / 8
+
+
+#: The 8 GB cards the capstone's budget stands for. PyTorch runs an fp16 convolution through
+#: cuDNN with fp32 math (ATen's cudnn/Descriptors.h, ConvolutionDescriptor::set: CUDNN_DATA_HALF
+#: -> mathType CUDNN_DATA_FLOAT), so its rate is the tensor cores' "fp16 with fp32 accumulate"
+#: where there are tensor cores, and the FP32 rate on a GTX 1080 (no tensor cores; its native
+#: fp16 runs at 1/64 rate). GeForce cards have no bf16 before Ampere: bf16 at the FP32 rate at best.
+CARDS: dict[str, Card] = {c.name: c for c in (
+    Card("GTX 1080", 8.87e12, 8.87e12, 8.87e12, 320e9, "3.0 x16", pcie_bytes_per_s(3),
+         "NVIDIA GeForce GTX 1080 whitepaper (2016): 2560 CUDA cores at 1733 MHz boost = 8.87 TFLOP/s "
+         "FP32, no tensor cores; 8 GB GDDR5X, 320 GB/s; PCIe 3.0 x16"),
+    Card("RTX 2080", 10.07e12, 40.3e12, 10.07e12, 448e9, "3.0 x16", pcie_bytes_per_s(3),
+         "NVIDIA Turing architecture whitepaper (2018), GeForce RTX 2080 (reference clocks): 2944 CUDA "
+         "cores at 1710 MHz = 10.1 TFLOP/s FP32, 40.3 TFLOP/s FP16 tensor with FP32 accumulate; 8 GB "
+         "GDDR6, 448 GB/s; PCIe 3.0 x16"),
+    Card("RTX 3070", 20.3e12, 40.6e12, 40.6e12, 448e9, "4.0 x16", pcie_bytes_per_s(4),
+         "NVIDIA Ampere GA102 whitepaper (2020), appendix A, GeForce RTX 3070: 5888 CUDA cores at 1725 "
+         "MHz = 20.3 TFLOP/s FP32, 40.6 TFLOP/s FP16 and BF16 tensor with FP32 accumulate (dense); 8 GB "
+         "GDDR6, 448 GB/s; PCIe 4.0 x16"),
+)}
+#: the card ``step_cost`` assumes when none is named: an 8 GB card with tensor cores on PCIe 3.0
+DEFAULT_CARD = "RTX 2080"
+#: the throughput the course assumed before (checkpointing.ASSUMED_GPU_FLOPS, 50 TFLOP/s, and
+#: 25 GB/s of PCIe; element-wise work not counted): kept to compare rankings with, not a card
+FLOPS_ONLY_50T = Card("50 TFLOP/s, FLOPs only (the old assumption)", 50e12, 50e12, 50e12, float("inf"),
+                      "4.0 x16", 25e9, "checkpointing.ASSUMED_GPU_FLOPS and ASSUMED_PCIE_BYTES_PER_S")
+
+
+def card(name: str | Card | None = None) -> Card:
+    """``CARDS[name]`` (``DEFAULT_CARD`` for None); a Card is returned as it is."""
+    if isinstance(name, Card):
+        return name
+    name = name or DEFAULT_CARD
+    if name not in CARDS:
+        raise ValueError(f"unknown card {name!r}: use one of {list(CARDS)} or pass a Card(...)")
+    return CARDS[name]
+
+
+class ElementwiseBytes(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the bytes every op that ``FlopCounterMode`` does not count reads and writes: the
+    element-wise and data-movement work of a step (BatchNorm, ReLU, upsampling, concatenation,
+    pooling, casts, the optimizer's updates). Per op: the bytes of its tensor inputs plus those of
+    its outputs (an in-place op's mutated input once more). Views and metadata queries move no
+    data and are skipped, and so are ops that only allocate (``empty``). One pass over memory per
+    operand: a lower bound for kernels that read an input twice (cuDNN's BatchNorm does)."""
+
+    _ALLOCATE_ONLY = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided",
+                      "lift_fresh", "_unsafe_view", "_local_scalar_dense"}
+    _WRITE_ONLY = {"copy_", "fill_", "zero_"}
+
+    def __init__(self):
+        super().__init__()
+        self.total = 0
+        self.by_op: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.utils._pytree import tree_leaves
+        from torch.utils.flop_counter import flop_registry
+
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name, schema = func.overloadpacket.__name__, func._schema
+        if func.overloadpacket in flop_registry or name in self._ALLOCATE_ONLY or any(
+                r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
+            return out  # counted as FLOPs, or allocates only, or a view
+        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if not outs and not schema.is_mutable:
+            return out  # a metadata query (prim.device, sizes)
+        reads = args[1:] if name in self._WRITE_ONLY else args  # their destination is not read
+        n = sum(_nbytes(t) for t in tree_leaves((reads, kwargs))) + sum(_nbytes(t) for t in outs)
+        if not outs:  # in-place ops that return nothing (the optimizer's _foreach_*_): the writes
+            n += sum(_nbytes(t) for a, v in zip(schema.arguments, args, strict=False)
+                     if a.alias_info is not None and a.alias_info.is_write for t in tree_leaves(v))
+        self.total += n
+        self.by_op[name] = self.by_op.get(name, 0) + n
+        return out
+
+
+def _nbytes(t: Any) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+class _SaveOnCpuMeter:
+    """What ``torch.autograd.graph.save_on_cpu`` would copy to the host: it packs every saved
+    tensor into a fresh host tensor of the same size, once per save (no sharing between the ops
+    that save one tensor, parameters included), and frees it when autograd drops the save."""
+
+    def __init__(self):
+        self.current = self.peak = self.total = 0
+
+    def pack(self, t: torch.Tensor) -> Any:
+        n = _nbytes(t)
+        self.current += n
+        self.total += n
+        self.peak = max(self.peak, self.current)
+        handle = _Saved(t)
+        weakref.finalize(handle, self._drop, n)
+        return handle
+
+    def _drop(self, n: int) -> None:
+        self.current -= n
+
+    @staticmethod
+    def unpack(handle: "_Saved") -> torch.Tensor:
+        return handle.t
+
+
+class _Saved:
+    __slots__ = ("t", "__weakref__")
+
+    def __init__(self, t: torch.Tensor):
+        self.t = t
+
+
+@functools.lru_cache(maxsize=64)
+def _traffic(key: tuple) -> dict[str, Any]:
+    """One steady-state training step of the configuration (without offload), at the probe batch,
+    under FakeTensorMode with CUDA's autocast rules and Adam's foreach update, as the prediction:
+    the bytes its element-wise ops move (``ElementwiseBytes``, per op) and what ``save_on_cpu``
+    would copy to the host in its forward (``_SaveOnCpuMeter``: in all, and at most at once)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from .amp_rules import autocast_rules
+    from .memory import default_dtype, prime_optimizer
+    from .train import training_step
+
+    cfg = Config(**dict(key))
+    dtype, ac = PRECISIONS[cfg.precision]
+    meter, counter = _SaveOnCpuMeter(), ElementwiseBytes()
+    with default_dtype(dtype), FakeTensorMode(), autocast_rules("cuda" if ac else None):
+        model = build(replace(cfg, offload=False))
+        x = torch.randn(PROBE_BATCH, 1, *cfg.volume)
+        y = torch.randint(0, 5, (PROBE_BATCH, *cfg.volume))
+        opt = torch.optim.Adam(model.parameters(), foreach=True)
+        prime_optimizer(model, opt)
+        forward = model.forward
+
+        def offloaded_forward(*args):  # save_on_cpu wraps the model's forward (UNet3D.forward)
+            with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
+                return forward(*args)
+
+        model.forward = offloaded_forward
+        with counter:
+            training_step(model, x, y, opt, autocast_dtype=ac)
+        del model, x, y, opt
+    return {"elementwise": counter.total, "by_op": dict(counter.by_op), "packed": meter.total,
+            "packed_peak": meter.peak}
+
+
+@dataclass(frozen=True)
 class Cost:
-    flops: int  # per step at the configuration's batch
-    offloaded_bytes: int  # saved activations copied to the host and back
-    seconds: float  # estimated: flops / gpu_flops + 2 x offloaded / pcie
+    flops: int  # per step at the configuration's batch (FlopCounterMode: convolutions)
+    offloaded_bytes: int  # what save_on_cpu copies to the host in forward and back in backward
+    seconds: float  # estimated: compute_s + elementwise_s + transfer_s, not overlapped
     method: str
+    elementwise_bytes: int = 0  # bytes read and written by the ops FlopCounterMode does not count
+    host_pinned_bytes: int = 0  # pinned host memory save_on_cpu holds at once (offload only)
+    compute_s: float = 0.0  # flops at the card's rate for the precision
+    elementwise_s: float = 0.0  # elementwise_bytes at the card's memory bandwidth
+    transfer_s: float = 0.0  # 2 x offloaded_bytes at the card's PCIe bandwidth
+    card: str = ""
 
 
-def step_cost(cfg: Config) -> Cost:
-    """Estimated seconds per step on one GPU: the step's FLOPs (``FlopCounterMode`` under
-    FakeTensorMode, recomputation included) at ``checkpointing.ASSUMED_GPU_FLOPS``, plus, with
-    offload, the saved activations moved to the host and back at ``ASSUMED_PCIE_BYTES_PER_S``,
-    not overlapped with compute. One throughput for every precision (tensor cores make 16-bit
-    faster on a real GPU): the estimate ranks checkpointing and offload, not precisions."""
-    from .checkpointing import ASSUMED_GPU_FLOPS, ASSUMED_PCIE_BYTES_PER_S
+def step_cost(cfg: Config, card_name: str | Card | None = None) -> Cost:
+    """Estimated seconds per step on one GPU (``card_name``: a key of ``CARDS`` or a ``Card``;
+    default ``DEFAULT_CARD``), three terms added, none overlapped with another:
 
+    * the step's FLOPs (``FlopCounterMode`` under FakeTensorMode: convolutions, recomputation
+      included) at the card's peak rate for the precision (``Card.flops``);
+    * the bytes its other ops read and write (``ElementwiseBytes``: BatchNorm, ReLU, upsampling,
+      concatenation, pooling, casts, Adam) at the card's memory bandwidth;
+    * with offload, what ``save_on_cpu`` copies to the host and back, at the card's PCIe bandwidth.
+
+    Peak rates make each term a lower bound; adding them (no overlap) is the pessimistic side."""
     _validate(cfg)
+    gpu = card(card_name)
     local = -(-cfg.batch // cfg.dp_ranks)
-    flops = _flops(cfg._key(_NOT_IN_FLOPS_KEY))
-    flops = int(flops * local / PROBE_BATCH)
-    moved = 0
+    flops = int(_flops(cfg._key(_NOT_IN_FLOPS_KEY)) * local / PROBE_BATCH)
+    traffic = _traffic(replace(cfg, offload=False).model_key())
+    elementwise = int(traffic["elementwise"] * local / PROBE_BATCH)
+    moved = pinned = 0
     if cfg.offload:
-        twin = _saved(replace(cfg, offload=False).model_key())
-        moved = int(twin * local / PROBE_BATCH)
-    secs = flops / ASSUMED_GPU_FLOPS + 2 * moved / ASSUMED_PCIE_BYTES_PER_S
-    return Cost(flops, moved, secs,
-                f"estimate: counted FLOPs at {ASSUMED_GPU_FLOPS / 1e12:.0f} TFLOP/s"
-                + (f", host copies at {ASSUMED_PCIE_BYTES_PER_S / 1e9:.0f} GB/s" if cfg.offload else "")
-                + " (assumed throughputs)")
+        moved = int(traffic["packed"] * local / PROBE_BATCH)
+        pinned = int(traffic["packed_peak"] * local / PROBE_BATCH)
+    compute_s, elementwise_s = flops / gpu.flops(cfg.precision), elementwise / gpu.memory_bytes_per_s
+    transfer_s = 2 * moved / gpu.pcie_bytes_per_s
+    return Cost(flops, moved, compute_s + elementwise_s + transfer_s,
+                f"estimate for a {gpu.name}: counted FLOPs at {gpu.flops(cfg.precision) / 1e12:.1f} TFLOP/s"
+                + (f", element-wise bytes at {gpu.memory_bytes_per_s / 1e9:.0f} GB/s"
+                   if gpu.memory_bytes_per_s != float("inf") else ", element-wise work not counted")
+                + (f", host copies at {gpu.pcie_bytes_per_s / 1e9:.2f} GB/s (PCIe {gpu.pcie})" if cfg.offload else "")
+                + " (spec-sheet peaks, not overlapped)",
+                elementwise, pinned, compute_s, elementwise_s, transfer_s, gpu.name)
 
 
-def _saved(key: tuple) -> int:
-    """Saved-for-backward bytes at the probe batch: what offloading would move."""
-    return _probe(key)["saved"]
+def cost_table(configs: list[Config], cards=(*CARDS, FLOPS_ONLY_50T)):
+    """Estimated seconds per step of each configuration on each card (``step_cost``) and each
+    configuration's rank on each card (1 = fastest): whether the order of the configurations
+    depends on the card. A pandas DataFrame, one row per configuration."""
+    import pandas as pd
+
+    rows = []
+    for c in configs:
+        row = {"configuration": c.describe()}
+        for gpu in cards:
+            row[f"{card(gpu).name} s"] = round(step_cost(c, gpu).seconds, 2)
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    for gpu in cards:
+        name = card(gpu).name
+        df[f"rank, {name}"] = df[f"{name} s"].rank(method="min").astype(int)
+    return df
 
 
 def pareto(points: list[tuple[float, float]]) -> list[bool]:

@@ -110,10 +110,13 @@ def test_fsdp_rank_memory_of_seed000_on_8_ranks():
     m = fsdp_rank_memory(net, fsdp_units(net), world=8)
     n = 40_158_853
     assert m["resting"] == pytest.approx(16 * n / 8)
-    largest = sum(p.numel() for p in net.downs[3].parameters())  # Down(512, 512)
-    assert m["working"] == pytest.approx(16 * n / 8 + 8 * largest + 4 * (n - sum(
-        sum(p.numel() for p in u.parameters()) for u in fsdp_units(net))))
-    assert 180 < m["working"] / 2**20 < 190 and 75 < m["resting"] / 2**20 < 78
+    assert 75 < m["resting"] / 2**20 < 78
+    # the working figure (a unit gathered, the next prefetched, the held reduce-scatter input):
+    # tests/test_truth_08_09.py, against FSDPMemTracker
+    assert m["working"] > m["working, no prefetch"] > m["resting"]
+    assert 255 < m["working, shards kept"] / 2**20 < 262 and 240 < m["working"] / 2**20 < 250
+    largest = sum(p.numel() for p in net.downs[3].parameters())  # Down(512, 512), gathered + its gradient
+    assert m["gathered params"] >= 4 * largest and m["unsharded grads"] >= 4 * largest
 
 
 def test_two_stage_unet_equals_the_unsplit_model():
