@@ -214,12 +214,17 @@ def _capstone() -> tuple[str, str]:
                 for abn in (False, True) for ck in ex.CHECKPOINTING for off in (False, True)
                 if not (abn and ck == "selective")]
     top = max(frontier, key=lambda c: (ex.estimate(c).largest_batch, -ex.step_cost(replace(c, batch=8)).seconds))
+    n_top = ex.estimate(top).largest_batch
+    # the winner's room under the assumed context, and its answer under the context seed 000 implies
+    assumed, seed = (ex.margin(replace(top, batch=n_top), o) for o in (ex.overheads(), ex.seed000_overheads()))
     return (f"{ex.estimate(base).largest_batch} (fp16 model, as seed 000) -> {ex.estimate(best).largest_batch} "
-            f"({best.describe()}) -> {ex.estimate(top).largest_batch} ({top.describe()}; estimated "
-            f"{ex.step_cost(replace(top, batch=8)).seconds:.2f} s per step at batch 8 vs "
-            f"{ex.step_cost(replace(best, batch=8)).seconds:.2f} s)",
+            f"({best.describe()}) -> {n_top} ({top.describe()}; margin {assumed['margin MiB']:,} MiB "
+            f"({assumed['margin % of card']:.1f} % of the card) under a {assumed['context MiB']:,} MiB context, "
+            f"{seed[f'largest batch in {top.budget_gib} GiB']} under the {seed['context MiB']:,} MiB seed 000 "
+            f"implies; estimated {ex.step_cost(replace(top, batch=8)).seconds:.2f} s per step at batch 8 on an "
+            f"{ex.DEFAULT_CARD} vs {ex.step_cost(replace(best, batch=8)).seconds:.2f} s)",
             f"predicted for an 8 GiB card (context + slack included: {ex.overheads().source.split(':')[0]}); "
-            "time estimated (notebook 10)")
+            "time estimated from spec-sheet rates (notebook 10)")
 
 
 HEADLINES: list[tuple[str, str, str, Callable[[], tuple[str, str]], bool]] = [
