@@ -299,6 +299,26 @@ def _fake_cuda_copy(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
+@contextlib.contextmanager
+def _traced_autocast(device: str, dtype: torch.dtype) -> Iterator[None]:
+    """Autocast ``dtype`` for the tracers below: on ``"cuda"`` the real AutocastCUDA kernels,
+    switched on by hand (``torch.autocast("cuda")`` switches itself off when CUDA is
+    unavailable) and restored after; on ``"cpu"`` CPU autocast under ``cuda_autocast_rules()``."""
+    if device != "cuda":
+        with cuda_autocast_rules(), torch.autocast("cpu", dtype=dtype):
+            yield
+        return
+    was = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
+    torch.set_autocast_enabled("cuda", True)
+    torch.set_autocast_dtype("cuda", dtype)
+    try:
+        yield
+    finally:
+        torch.set_autocast_enabled("cuda", was[0])
+        torch.set_autocast_dtype("cuda", was[1])
+        torch.clear_autocast_cache()
+
+
 def trace_dtypes(build, input_shape, target_shape, loss_fn, device: str = "cuda",
                  dtype: torch.dtype = torch.float16, train: bool = False) -> list[tuple[str, tuple[str, ...]]]:
     """Every torch function the forward pass and the loss of ``build()`` call under autocast
@@ -341,20 +361,8 @@ def trace_dtypes(build, input_shape, target_shape, loss_fn, device: str = "cuda"
                              else torch.float32, device=device)
         if device == "cuda":
             _fake_cuda_copy(model)
-            was = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
-            # torch.autocast("cuda") switches itself off when CUDA is unavailable: set the state
-            torch.set_autocast_enabled("cuda", True)
-            torch.set_autocast_dtype("cuda", dtype)
-            try:
-                with record:
-                    loss_fn(model(x), target)
-            finally:
-                torch.set_autocast_enabled("cuda", was[0])
-                torch.set_autocast_dtype("cuda", was[1])
-                torch.clear_autocast_cache()
-        else:
-            with cuda_autocast_rules(), torch.autocast("cpu", dtype=dtype), record:
-                loss_fn(model(x), target)
+        with _traced_autocast(device, dtype), record:
+            loss_fn(model(x), target)
     return record.log
 
 
@@ -404,21 +412,8 @@ def aten_dtypes(fn, *shapes, dtypes=None, device: str = "cuda",
     with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
         tensors = [torch.zeros(s, dtype=d, device=device) if not d.is_floating_point
                    else torch.empty(s, dtype=d, device=device) for s, d in zip(shapes, dtypes, strict=True)]
-        if device == "cuda":
-            was = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
-            # torch.autocast("cuda") switches itself off when CUDA is unavailable: set the state
-            torch.set_autocast_enabled("cuda", True)
-            torch.set_autocast_dtype("cuda", autocast_dtype)
-            try:
-                with record:
-                    fn(*tensors)
-            finally:
-                torch.set_autocast_enabled("cuda", was[0])
-                torch.set_autocast_dtype("cuda", was[1])
-                torch.clear_autocast_cache()
-        else:
-            with cuda_autocast_rules(), torch.autocast("cpu", dtype=autocast_dtype), record:
-                fn(*tensors)
+        with _traced_autocast(device, autocast_dtype), record:
+            fn(*tensors)
     return record.rows
 
 
