@@ -64,11 +64,8 @@ LESS = EX.part("less", "encoder_forward: stores less for backward (every block c
                ["encoder_forward"])
 BN = EX.part("bn", "encoder_forward: BatchNorm's running statistics move once per step", 1,
              ["encoder_forward"])
-
-
-@SKIPS.observe
-def _(encoder_forward, seed):
-    return run_encoder(encoder_forward, seed)
+for _part in (SKIPS, GRADS, LESS, BN):  # each part judges its own figures of the same run
+    _part.observe(run_encoder)
 
 
 @SKIPS.judge
@@ -79,22 +76,12 @@ def _(got, seed):
         expect_close(f"skip {k}", a, b)
 
 
-@GRADS.observe
-def _(encoder_forward, seed):
-    return run_encoder(encoder_forward, seed)
-
-
 @GRADS.judge
 def _(got, seed):
     ref = encoder_reference(seed)
     if any(g is None for g in got["grads"]):
         raise CheckFailed("some encoder parameters got no gradient: is every block still in the graph?")
     expect_grads_close("gradient of encoder parameter", got["grads"], ref["grads"])
-
-
-@LESS.observe
-def _(encoder_forward, seed):
-    return run_encoder(encoder_forward, seed)
 
 
 @LESS.judge
@@ -104,11 +91,6 @@ def _(got, seed):
         raise CheckFailed(f"saved {got['saved']:,} bytes for backward, {ref['saved']:,} without "
                           "checkpointing: run each block through "
                           "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False, ...)")
-
-
-@BN.observe
-def _(encoder_forward, seed):
-    return run_encoder(encoder_forward, seed)
 
 
 @BN.judge
