@@ -201,14 +201,18 @@ PARTS = {"params": ("Parameter", "Buffer"), "grads": ("Gradient",), "optimizer":
          "activations": ("Activation",), "temporaries": ("Temp", "Other")}
 
 
+def _predict(cfg: Config, batch: int):
+    """The configuration's steady-state step at ``batch`` (per GPU), predicted for a CUDA GPU."""
+    dtype, ac = PRECISIONS[cfg.precision]
+    return predict_step(lambda: build(cfg), (batch, 1, *cfg.volume), n_classes=5, dtype=dtype,
+                        autocast_dtype=ac, module_peaks=False)
+
+
 @functools.lru_cache(maxsize=256)
 def _probe(key: tuple) -> dict[str, Any]:
     """The configuration's steady-state step predicted at the probe batch: each part of the peak
     as (fixed bytes, bytes per sample), and the saved-for-backward bytes."""
-    cfg = Config(**dict(key))
-    dtype, ac = PRECISIONS[cfg.precision]
-    p = predict_step(lambda: build(cfg), (PROBE_BATCH, 1, *cfg.volume), n_classes=5, dtype=dtype,
-                     autocast_dtype=ac, module_peaks=False)
+    p = _predict(Config(**dict(key)), PROBE_BATCH)
     parts = {k: sum(p.breakdown[c] for c in cats) for k, cats in PARTS.items()}
     lines = {k: (0.0, v / PROBE_BATCH) if k in PER_SAMPLE else (float(v), 0.0) for k, v in parts.items()}
     return {"lines": lines, "saved": p.saved_peak, "peak": p.peak, "kept": p.kept_after_forward,
@@ -330,10 +334,7 @@ def seed000_overheads(slack: float | None = None) -> Overheads:
 
 @functools.lru_cache(maxsize=64)
 def _direct(key: tuple, batch: int) -> int:
-    cfg = Config(**dict(key))
-    dtype, ac = PRECISIONS[cfg.precision]
-    return predict_step(lambda: build(cfg), (batch, 1, *cfg.volume), n_classes=5, dtype=dtype,
-                        autocast_dtype=ac, module_peaks=False).peak
+    return _predict(Config(**dict(key)), batch).peak
 
 
 def direct_peak(cfg: Config) -> int:

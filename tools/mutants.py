@@ -489,9 +489,9 @@ MUTANTS += [
       'NOT_IN_MODEL_KEY = frozenset({"batch", "dp_ranks", "budget_gib", "offload"})',
       "Config.model_key leaves out offload: an offloaded configuration reuses the plain prediction"),
     M("explorer-probe-module-peaks", EXPL,
-      "                     autocast_dtype=ac, module_peaks=False)\n    parts",
-      "                     autocast_dtype=ac, module_peaks=True)\n    parts",
-      "the probe keeps MemTracker's per-module peaks. EQUIVALENT: the global peak and its "
+      "                        autocast_dtype=ac, module_peaks=False)",
+      "                        autocast_dtype=ac, module_peaks=True)",
+      "the probe (and the direct prediction) keeps MemTracker's per-module peaks. EQUIVALENT: the global peak and its "
       "breakdown are the same (test_memory checks it); only the time differs", equivalent=True),
 ]
 
