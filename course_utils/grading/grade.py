@@ -23,6 +23,7 @@ never stops the class: every failure becomes a note on its row.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import io
 import json
@@ -44,7 +45,10 @@ from .registry import MODULES, load_all
 from .strip import strip_source
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the teacher's course_utils
+CONTAIN = Path(__file__).resolve().parent / "contain.py"
 NOTE_TEXT = 2000  # characters kept from a learner-controlled text in a note
+OBSERVATION_BYTES = 256 * 2**20  # the largest observation file the judge reads
+STARTUP_S = 180.0  # the sandbox's imports and the rebuild of the notebook's definitions
 
 
 @dataclass
@@ -58,9 +62,14 @@ class Options:
     keep: str | None = None  # keep the scratch folders here (debugging)
     grace: float = 5.0  # seconds after an interrupt before the kernel is killed
     landlock: bool = True  # False: no filesystem sandbox even where Landlock exists (tests, debugging)
+    contain: bool = True  # False: no namespaces even where the system has them (tests, debugging)
+    disk_gib: float = 2.0  # all the files of one run (its scratch folder, its /dev/shm) together
+    max_files: int = 20_000  # files and folders one run may create
+    jobs: int | None = None  # submissions graded at once (None: see default_jobs)
+    seed_per_submission: bool = False  # False: one seed per exercise for the whole class run
 
     def __post_init__(self):
-        for name in ("cell_timeout", "check_timeout", "memory_gib", "max_output_mib"):
+        for name in ("cell_timeout", "check_timeout", "memory_gib", "max_output_mib", "disk_gib", "max_files"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
         if self.total_timeout is None:
@@ -68,9 +77,16 @@ class Options:
         if not self.total_timeout > 0:
             raise ValueError(f"total-timeout must be > 0, got {self.total_timeout}")
 
+        if self.jobs is not None and self.jobs < 1:
+            raise ValueError(f"jobs must be >= 1, got {self.jobs}")
+
     @property
     def memory_bytes(self) -> int:
         return int(self.memory_gib * 2**30)
+
+    @property
+    def disk_bytes(self) -> int:
+        return int(self.disk_gib * 2**30)
 
 
 @dataclass
@@ -153,9 +169,11 @@ class Grader:
         self.exercises = load_all()
         _import_everything()
         self.package = _snapshot(PACKAGE_DIR)
-        self._libs: dict[str, dict[str, bytes]] = {}
         self.workdir = Path(tempfile.mkdtemp(prefix="course-grader-"))
         os.chmod(self.workdir, 0o700)
+        self.release = _release_package(self.workdir / "release")  # what the notebook run imports
+        self._libs: dict[str, dict[str, bytes]] = {}
+        self.contained, self.containment = containment() if self.opts.contain else (False, "switched off")
         self.count = 0
 
     # -- what the processes get ---------------------------------------------------------------
@@ -199,7 +217,8 @@ class Grader:
         return env
 
     # -- one submission ---------------------------------------------------------------------------
-    def grade(self, path: str | Path) -> Result:
+    def grade(self, path: str | Path, seed: int | None = None) -> Result:
+        """Grade one submission. ``seed``: its inputs (default: ``Options.seed``, else a new one)."""
         path = Path(path)
         t0 = time.monotonic()
         try:
@@ -207,11 +226,12 @@ class Grader:
         except ValueError as err:
             return Result(path.name, "?", status="not graded", notes=[str(err)])
         ex = self.exercises[nn_id]
-        seed = self.opts.seed if self.opts.seed is not None else secrets.randbelow(2**31)
+        if seed is None:
+            seed = self.opts.seed if self.opts.seed is not None else secrets.randbelow(2**31)
         result = Result(path.name, nn_id, ex.title, max_score=ex.max_score, seed=seed,
                         parts=[_unchecked(p) for p in ex.parts])
         try:
-            data = path.read_bytes()
+            data = limits.read_regular(path, 64 * 2**20)
             import nbformat
 
             nbformat.reads(data.decode(), as_version=4)
@@ -220,19 +240,33 @@ class Grader:
             for p in result.parts:
                 p["message"] = "not checked: the file is not a readable notebook"
             return result
-        with limits.subreaper():  # only while a submission runs: see limits.subreaper
-            return self._grade(path, nn_id, data, seed, result, t0)
+        try:
+            with limits.subreaper():  # only while a submission runs: see limits.subreaper
+                return self._grade(path, nn_id, data, seed, result, t0)
+        except Exception as err:  # noqa: BLE001 - the grader's own failure on this one submission
+            result.notes.append(f"the grader could not finish this submission ({type(err).__name__}: "
+                                f"{_clip(err, 300)}); it is scored 0 -- grade it again alone, and report "
+                                "this if it persists")
+            result.parts = [dict(p, score=0, passed=False, message=p["message"] if p["message"] != "not checked"
+                                 else "not checked: the grader failed on this submission (see notes)")
+                            for p in result.parts]
+            result.score = 0
+            return result
 
     def _grade(self, path: Path, nn_id: str, data: bytes, seed: int, result: Result, t0: float) -> Result:
         self.count += 1
-        scratch = self.workdir / f"sub-{self.count:04d}"
-        scratch.mkdir()
+        scratch = Path(tempfile.mkdtemp(prefix=f"sub-{self.count:04d}-", dir=self.workdir))
         before = limits.descendants()
         try:
-            self._run_notebook(path.name, data, scratch, before, result)
+            run = scratch / "run"  # the notebook run may write here only (Landlock)
+            run.mkdir()
+            with self._shm_sweep():
+                self._run_notebook(path.name, data, run, before, result)
             self._guard(before, result)
             t1 = time.monotonic()
-            observations = self._observe(nn_id, data, scratch, seed, before, result)
+            with self._shm_sweep():  # the sandbox's folder: made now, a name the run could not guess
+                observations = self._observe(nn_id, data, Path(tempfile.mkdtemp(prefix="check-", dir=scratch)),
+                                             seed, before, result)
             self._guard(before, result)
             t2 = time.monotonic()
             if any(n.startswith("tampering") for n in result.notes):
@@ -250,6 +284,24 @@ class Grader:
             shutil.rmtree(scratch, ignore_errors=True)
             result.seconds["total"] = round(time.monotonic() - t0, 1)
         return result
+
+    @contextlib.contextmanager
+    def _shm_sweep(self):
+        """Without namespaces /dev/shm is the system's: remove what a run left there (a file
+        written for the next run to read, memory that would stay allocated after the class)."""
+        if self.contained:
+            yield  # each run had its own /dev/shm, gone with it
+            return
+        before = _shm_entries()
+        try:
+            yield
+        finally:
+            for name, uid in _shm_entries().items():
+                if name not in before and uid == os.getuid():
+                    try:
+                        os.unlink(os.path.join("/dev/shm", name))
+                    except OSError:
+                        pass
 
     def _guard(self, before: set[int], result: Result) -> None:
         """Kill what is left, then make sure the teacher's course_utils is as it was."""
@@ -271,28 +323,45 @@ class Grader:
 
     def _spawn(self, args: list[str], scratch: Path, env: dict, log: Path, stdout=subprocess.DEVNULL):
         mem = self.opts.memory_bytes
+        argv = [sys.executable, *args]
+        if self.contained:  # its own PID namespace and /dev/shm: see contain.py
+            argv = [sys.executable, str(CONTAIN), "--shm-bytes", str(min(self.opts.disk_bytes, mem)), "--", *argv]
 
         def limit():  # runs in the child before exec
+            limits.set_pdeathsig()  # dies with the grader
             limits.apply_rlimits(mem, 2**30)
 
         with open(log, "wb") as err:
-            return subprocess.Popen([sys.executable, *args], cwd=scratch, env=env, stdin=subprocess.DEVNULL,
+            return subprocess.Popen(argv, cwd=scratch, env=env, stdin=subprocess.DEVNULL,
                                     stdout=stdout, stderr=err, start_new_session=True, preexec_fn=limit)
 
-    def _wait(self, proc, before: set[int], deadline: float, poll=None) -> str | None:
-        """Wait for ``proc``; returns None, "timeout" or "memory" (and then kills it all)."""
+    def _wait(self, proc, before: set[int], deadline: float, poll=None, folder: Path | None = None) -> str | None:
+        """Wait for ``proc``; returns None, "timeout", "memory", "disk" or "part timeout" (and then
+        kills it all). Every deadline is on the grader's own clock."""
+        next_disk = 0.0
         while proc.poll() is None:
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 self._kill(proc, before)
                 return "timeout"
             if limits.tree_rss(limits.descendants() - before) > self.opts.memory_bytes:
                 self._kill(proc, before)
                 return "memory"
+            if folder is not None and now >= next_disk:
+                used, files = limits.disk_usage(folder, self.opts.max_files)
+                if used > self.opts.disk_bytes or files > self.opts.max_files:
+                    self._kill(proc, before)
+                    return "disk"
+                next_disk = now + 1.0
             if poll is not None and poll():
                 self._kill(proc, before)
                 return "part timeout"
             time.sleep(0.2)
         return None
+
+    def _disk_note(self, what: str) -> str:
+        return (f"{what} wrote more than {self.opts.disk_gib:g} GiB or {self.opts.max_files:,} files "
+                "and was stopped")
 
     @staticmethod
     def _kill(proc, before: set[int]) -> None:
@@ -309,7 +378,7 @@ class Grader:
         work, lib = scratch / "work", scratch / "lib"
         work.mkdir()
         (work / name).write_bytes(data)
-        _write_tree(self.package, lib / "course_utils")
+        _write_tree(self.release, lib / "course_utils")  # the student release: no @answer
         preimport = {"torch", "course_utils"}
         import nbformat
 
@@ -319,7 +388,7 @@ class Grader:
         for cell in cells:
             try:
                 tree = ast.parse(cell.python)
-            except SyntaxError:
+            except (SyntaxError, ValueError, RecursionError, MemoryError):  # the kernel will report it
                 continue
             for stmt in tree.body:
                 if isinstance(stmt, ast.Import):
@@ -349,7 +418,7 @@ class Grader:
             proc = self._spawn([str(lib / "course_utils" / "grading" / "runner.py"), str(scratch / "runner.json")], scratch,
                                self._env(scratch, lib, {"COURSE_GRADER_RUN": "1"}), scratch / "runner.log",
                                stdout=out)
-            why = self._wait(proc, before, time.monotonic() + self.opts.total_timeout)
+            why = self._wait(proc, before, time.monotonic() + self.opts.total_timeout, folder=scratch)
         lines = out_path.read_bytes()[-2_000_000:].decode(errors="replace").splitlines()
         out_path.unlink()
         report = None
@@ -370,6 +439,8 @@ class Grader:
         elif why == "memory":
             result.notes.append(f"the notebook run used more than {self.opts.memory_gib:g} GiB (all its "
                                 f"processes together) and was stopped{at}")
+        elif why == "disk":
+            result.notes.append(self._disk_note("the notebook run") + at)
         if report is None:
             if why is None:
                 result.notes.append("the notebook run ended without a report (see runner.log with --keep)")
@@ -402,8 +473,7 @@ class Grader:
                  result: Result) -> dict:
         """Run the sandbox for every part (a new one after a part that hung or crashed)."""
         ex = self.exercises[nn_id]
-        sb = scratch / "sandbox"
-        sb.mkdir()
+        sb = scratch
         _write_tree(self.sandbox_lib(nn_id), sb / "lib" / "course_utils")
         (sb / "submission.ipynb").write_bytes(data)  # a fresh copy: the notebook run may have changed its own
         obs = sb / "obs"
@@ -420,33 +490,42 @@ class Grader:
             proc = self._spawn(["-m", "course_utils.grading.sandbox", str(sb / "spec.json")], sb, env,
                                sb / "sandbox.log")
             started_at = time.monotonic()
+            seen: dict[str, float] = {}  # when the grader first saw a part start: its own clock
 
-            def part_overdue():
-                current = [k for k in remaining if (obs / f"{k}.started").exists()
-                           and not (obs / f"{k}.pt").exists()]
+            def part_overdue(remaining=remaining, seen=seen, started_at=started_at):
+                now = time.monotonic()
+                for k in remaining:
+                    if k not in seen and os.path.lexists(obs / f"{k}.started"):
+                        seen[k] = now
+                current = [k for k in remaining if k in seen and not os.path.lexists(obs / f"{k}.pt")]
                 if not current:
-                    return time.monotonic() - started_at > 180  # startup: imports and definitions
-                return time.time() - (obs / f"{current[-1]}.started").stat().st_mtime > self.opts.check_timeout
+                    return now - max(seen.values(), default=started_at) > STARTUP_S
+                return now - seen[current[-1]] > self.opts.check_timeout
 
-            why = self._wait(proc, before, float("inf"), poll=part_overdue)
+            deadline = started_at + STARTUP_S + len(remaining) * (self.opts.check_timeout + 5)
+            why = self._wait(proc, before, deadline, poll=part_overdue, folder=sb)
             code = proc.returncode
-            done = [k for k in remaining if (obs / f"{k}.pt").exists()]
+            done = [k for k in remaining if os.path.lexists(obs / f"{k}.pt")]
             for k in done:
                 observations[k] = _load_observation(obs / f"{k}.pt")
             after = [k for k in remaining if k not in done]
             if not after:
                 break
-            culprit = next((k for k in after if (obs / f"{k}.started").exists()), None)
+            culprit = next((k for k in after if os.path.lexists(obs / f"{k}.started")), None)
             if culprit is None:  # died before any part started: while rebuilding the definitions
-                reason = {"part timeout": "took more than 180 s to start (imports, definitions)",
-                          "memory": f"used more than {self.opts.memory_gib:g} GiB"}.get(
+                reason = {"part timeout": f"took more than {STARTUP_S:.0f} s to start (imports, definitions)",
+                          "timeout": f"took more than {STARTUP_S:.0f} s to start (imports, definitions)",
+                          "memory": f"used more than {self.opts.memory_gib:g} GiB",
+                          "disk": self._disk_note("")[1:]}.get(
                     why, f"ended ({_exit(code)}) while rebuilding the notebook's definitions")
                 for k in after:
                     observations[k] = Raised("Crashed", f"not checked: the grading process {reason}",
                                              "crashed").to_data()
                 break
             reason = {"part timeout": f"took more than {self.opts.check_timeout:g} s and was stopped",
-                      "memory": f"used more than {self.opts.memory_gib:g} GiB and was stopped"}.get(
+                      "timeout": f"took more than {self.opts.check_timeout:g} s and was stopped",
+                      "memory": f"used more than {self.opts.memory_gib:g} GiB and was stopped",
+                      "disk": self._disk_note("")[1:]}.get(
                 why, f"ended the grading process ({_exit(code)})")
             observations[culprit] = Raised("Crashed", f"your code {reason} while this part was checked",
                                            "timeout" if why else "crashed").to_data()
@@ -485,21 +564,63 @@ def _load_observation(path: Path):
     import torch
 
     try:
-        if path.stat().st_size > 256 * 2**20:
-            raise ValueError("too large")
-        return torch.load(io.BytesIO(path.read_bytes()), weights_only=True)
-    except Exception as err:  # noqa: BLE001 - not data: a planted file, a partial write
+        data = limits.read_regular(path, OBSERVATION_BYTES)  # never through a link, never a device
+        return torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as err:  # noqa: BLE001 - not data: a planted file, a link, a partial write
         return Raised("Unreadable", f"the observation could not be read as data ({type(err).__name__})",
                       "crashed").to_data()
 
 
 def _read_json(path: Path):
     try:
-        if path.stat().st_size > 4 * 2**20:
-            return None
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return json.loads(limits.read_regular(path, 4 * 2**20))
+    except (OSError, ValueError, RecursionError):
         return None
+
+
+def _shm_entries() -> dict[str, int]:
+    """/dev/shm's entries and their owners (empty where there is none)."""
+    out = {}
+    try:
+        with os.scandir("/dev/shm") as it:
+            for e in it:
+                try:
+                    out[e.name] = e.stat(follow_symlinks=False).st_uid
+                except OSError:
+                    continue
+    except OSError:
+        pass
+    return out
+
+
+_CONTAINMENT: list = []
+
+
+def containment() -> tuple[bool, str]:
+    """Whether this machine lets the grader run each program of a submission in its own user,
+    mount and PID namespaces (``contain.py``), tried once per process; and why not."""
+    if not _CONTAINMENT:
+        if not sys.platform.startswith("linux"):
+            _CONTAINMENT.append((False, "not Linux"))
+        else:
+            try:
+                p = subprocess.run([sys.executable, str(CONTAIN), "--probe"], capture_output=True, text=True,
+                                   timeout=60)
+                _CONTAINMENT.append((p.returncode == 0, p.stdout.strip() or p.stderr.strip()[-300:]))
+            except (OSError, subprocess.SubprocessError) as err:
+                _CONTAINMENT.append((False, str(err)))
+    return _CONTAINMENT[0]
+
+
+def _release_package(dest: Path) -> dict[str, bytes]:
+    """The student release's course_utils (no ``@answer``), as files: what a learner has, and so
+    what the notebook run gets (the notebook run is not trusted; it must not hold answers)."""
+    from .release import release_course_utils
+
+    release_course_utils(PACKAGE_DIR, dest)
+    files = _snapshot(dest)
+    shutil.rmtree(dest, ignore_errors=True)
+    return files
 
 
 def _import_everything() -> None:
@@ -533,20 +654,101 @@ def notebooks_in(paths: list[str]) -> list[Path]:
     return found
 
 
+def default_jobs(options: Options) -> tuple[int, str]:
+    """How many submissions to grade at once, and why: one per core, as many as the memory
+    allows (each may use ``--memory`` GiB, plus ~1 GiB for its worker); one where runs cannot be
+    told apart (no Landlock: a disk edit must be blamed on the right submission; no namespaces:
+    /dev/shm is shared by runs graded at the same time)."""
+    if not options.landlock or limits.landlock_abi() < 1:
+        return 1, "one at a time: without Landlock a change to the grader's files could not be blamed on one submission"
+    if options.contain and not containment()[0]:
+        return 1, "one at a time: without namespaces runs graded together would share /dev/shm"
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        ram = 0
+    by_memory = max(1, int(ram // ((options.memory_gib + 1) * 2**30))) if ram else cores
+    n = max(1, min(cores, by_memory))
+    return n, f"{n} at a time ({cores} cores, {ram / 2**30:.0f} GiB of memory, {options.memory_gib:g} GiB per submission)"
+
+
+def class_seeds(notebooks: list[Path], options: Options) -> list[int | None]:
+    """The inputs' seed of each submission: ``--seed`` if given; else one new seed per exercise for
+    this class run (drawn now, after the submissions are in: no learner can know it, and the judge
+    computes each reference once per worker); with ``seed_per_submission``, one per file."""
+    if options.seed is not None:
+        return [options.seed] * len(notebooks)
+    if options.seed_per_submission:
+        return [None] * len(notebooks)
+    by_exercise: dict[str, int] = {}
+    out: list[int | None] = []
+    for nb in notebooks:
+        m = re.match(r"(\d\d)_", nb.name)
+        out.append(by_exercise.setdefault(m.group(1), secrets.randbelow(2**31)) if m else None)
+    return out
+
+
+_WORKER: list = []
+
+
+def _worker_start(options: Options) -> None:
+    limits.set_pdeathsig()  # a worker dies with the grader (and its runs with it: contain.py)
+    _WORKER.append(Grader(options))
+    import atexit
+
+    atexit.register(shutil.rmtree, _WORKER[0].workdir, True)
+
+
+def _worker_grade(path: str, seed: int | None) -> Result:
+    return _WORKER[0].grade(path, seed=seed)
+
+
 def grade_many(paths: list[str], options: Options | None = None, progress: bool = True) -> list[Result]:
+    """Grade every notebook under ``paths``: ``options.jobs`` at a time (default: ``default_jobs``),
+    each worker a grader of its own (its imports and references computed once)."""
     from tqdm.auto import tqdm
 
+    options = options or Options()
     notebooks = notebooks_in(paths)
     if not notebooks:
         raise FileNotFoundError(f"no notebooks (*.ipynb) in {', '.join(paths)}")
-    grader = Grader(options)
-    results = []
-    try:
-        for nb in tqdm(notebooks, desc="grading", unit="notebook", disable=not progress):
-            results.append(grader.grade(nb))
-    finally:
-        shutil.rmtree(grader.workdir, ignore_errors=True)
-    return results
+    seeds = class_seeds(notebooks, options)
+    jobs = min(options.jobs or default_jobs(options)[0], len(notebooks))
+    bar = tqdm(total=len(notebooks), desc="grading", unit="notebook", disable=not progress)
+    results: list[Result | None] = [None] * len(notebooks)
+    todo = list(range(len(notebooks)))
+    if jobs > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                                     initializer=_worker_start, initargs=(options,)) as pool:
+                futures = {pool.submit(_worker_grade, str(notebooks[i]), seeds[i]): i for i in todo}
+                for fut in as_completed(futures):
+                    try:
+                        results[futures[fut]] = fut.result()
+                        bar.update()
+                    except BrokenProcessPool:
+                        break
+        except BrokenProcessPool:
+            pass
+        todo = [i for i in todo if results[i] is None]  # a worker died (the machine's OOM killer): again, alone
+    if todo:
+        grader = Grader(options)
+        try:
+            for i in todo:
+                results[i] = grader.grade(notebooks[i], seed=seeds[i])
+                bar.update()
+        finally:
+            shutil.rmtree(grader.workdir, ignore_errors=True)
+    bar.close()
+    return [r for r in results if r is not None]
 
 
 def summary(results: list[Result], width: int = 160) -> str:
@@ -617,13 +819,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", help="keep each submission's scratch folder here (debugging)")
     ap.add_argument("--no-landlock", action="store_true",
                     help="do not confine submissions with Landlock even where the kernel has it")
+    ap.add_argument("--no-namespaces", action="store_true",
+                    help="do not run submissions in their own PID namespace and /dev/shm even where possible")
+    ap.add_argument("--disk", type=float, default=2.0, help="GiB of files one run may write (default 2)")
+    ap.add_argument("--jobs", type=int, default=None,
+                    help="submissions graded at once (default: one per core, as memory allows; 1 without "
+                         "Landlock or namespaces)")
+    ap.add_argument("--seed-per-submission", action="store_true",
+                    help="a new inputs' seed for every submission (default: one per exercise per class run)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     try:
         opts = Options(cell_timeout=args.timeout, total_timeout=args.total_timeout,
                        check_timeout=args.check_timeout, memory_gib=args.memory,
                        max_output_mib=args.max_output, seed=args.seed, keep=args.keep,
-                       landlock=not args.no_landlock)
+                       landlock=not args.no_landlock, contain=not args.no_namespaces, disk_gib=args.disk,
+                       jobs=args.jobs, seed_per_submission=args.seed_per_submission)
         csv_path, json_path = _prepare_output(args.csv, "csv"), _prepare_output(args.json, "json")
         notebooks = notebooks_in(args.paths)
         if not notebooks:
@@ -631,11 +842,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    jobs, why = (opts.jobs, f"{opts.jobs} at a time (--jobs)") if opts.jobs else default_jobs(opts)
+    t0 = time.monotonic()
     results = grade_many([str(n) for n in notebooks], opts, progress=not args.no_progress)
     print(summary(results))
     abi = limits.landlock_abi() if opts.landlock else 0
-    print(f"sandbox: {'Landlock ABI ' + str(abi) if abi else 'no Landlock (see docs/teaching.md)'}"
-          f"; process cleanup: {'subreaper' if sys.platform.startswith('linux') else 'process groups'}")
+    contained, how = containment() if opts.contain else (False, "switched off")
+    print(f"sandbox: {'Landlock ABI ' + str(abi) if abi else 'no Landlock (see docs/teaching.md)'}; processes: "
+          + ("each run in its own PID namespace and /dev/shm" if contained else
+             f"subreaper sweep, shared /dev/shm swept after each run (namespaces: {how})")
+          + f"; {why}; {len(results)} notebook(s) in {time.monotonic() - t0:.0f} s")
     if json_path:
         json_path.write_text(json.dumps([r.as_dict() for r in results], indent=2))
     if csv_path:

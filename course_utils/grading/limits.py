@@ -9,13 +9,18 @@ cgroups (standard library only: this module runs before anything else in a sandb
   grader becomes the parent of every orphan its children leave (``PR_SET_CHILD_SUBREAPER``), so
   a double-forked or ``setsid`` process is still found and killed before the submission's result
   is written;
-* ``tree_rss`` -- the memory of a set of processes (the total limit across processes).
+* ``tree_rss`` -- the memory of a set of processes (the total limit across processes);
+* ``disk_usage`` -- the bytes and files under a folder (the total disk limit of a run);
+* ``read_regular`` -- read a file a submission could have planted, safely: a regular file only,
+  never through a link, at most a given size (a link to ``/dev/zero`` is refused, not read);
+* ``set_pdeathsig`` -- die with the parent (a run's processes never outlive a killed grader).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import ctypes.util
 import os
 import platform
@@ -263,6 +268,7 @@ def kill_new_descendants(before: set[int], timeout_s: float = 10.0) -> int:
             except ProcessLookupError:
                 pass
         _reap(killed)
+        kill_orphans_fast(before, rounds=500)  # a re-forking process's orphans come to us
         if time.monotonic() > deadline:
             break
         time.sleep(0.02)
@@ -279,6 +285,43 @@ def _is_zombie(pid: int) -> bool:
         return True
 
 
+def _direct_children() -> set[int]:
+    """This process's children, from ``/proc/self/task/*/children`` (fast: no scan of /proc)."""
+    out: set[int] = set()
+    try:
+        for task in os.scandir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{task.name}/children") as f:
+                    out.update(int(p) for p in f.read().split())
+            except (OSError, ValueError):
+                continue
+    except OSError:
+        pass
+    return out
+
+
+def kill_orphans_fast(before: set[int], rounds: int = 2000) -> None:
+    """A process that re-forks itself every millisecond (its parent exits each time) lives for
+    less than a scan of /proc; as a subreaper its orphans become our direct children, which we
+    can list in microseconds: kill those until none comes back (before the full sweep)."""
+    quiet = 0
+    for _ in range(rounds):
+        new = {p for p in _direct_children() - before if not _is_zombie(p)}
+        if not new:
+            quiet += 1
+            if quiet > 20:
+                return
+            time.sleep(0.001)
+            continue
+        quiet = 0
+        for pid in new:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _reap(new)
+
+
 def tree_rss(pids) -> int:
     """Resident bytes of ``pids`` together."""
     page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -290,3 +333,79 @@ def tree_rss(pids) -> int:
         except (OSError, ValueError, IndexError):
             continue
     return total
+
+
+# -- files and disk -------------------------------------------------------------------------------
+
+
+class Unsafe(OSError):
+    """A file a submission controls is not something the grader reads (a link, a device, too large)."""
+
+
+def read_regular(path, cap: int) -> bytes:
+    """The bytes of ``path`` if it is a regular file of at most ``cap`` bytes, opened without
+    following a link and without blocking (a FIFO or a device is refused, never read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.EMLINK):
+            raise Unsafe(err.errno, f"{os.path.basename(path)} is a link, not a file") from None
+        raise
+    try:
+        import stat
+
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Unsafe(errno.EINVAL, f"{os.path.basename(path)} is not a regular file")
+        if st.st_size > cap:
+            raise Unsafe(errno.EFBIG, f"{os.path.basename(path)} is larger than {cap:,} bytes")
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, min(1 << 20, cap + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > cap:  # grew while we read
+                raise Unsafe(errno.EFBIG, f"{os.path.basename(path)} is larger than {cap:,} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def disk_usage(root, max_files: int) -> tuple[int, int]:
+    """(bytes, files) under ``root``, links not followed; stops counting past ``max_files``
+    entries (a run that made a million empty files is over its limit: no need to count them all)."""
+    total, files = 0, 0
+    todo = [str(root)]
+    while todo:
+        try:
+            it = os.scandir(todo.pop())
+        except OSError:
+            continue
+        with it:
+            for entry in it:
+                files += 1
+                if files > max_files:
+                    return total, files
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                total += st.st_blocks * 512 if hasattr(st, "st_blocks") else st.st_size
+                if entry.is_dir(follow_symlinks=False):
+                    todo.append(entry.path)
+    return total, files
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def set_pdeathsig(sig: int = signal.SIGKILL) -> bool:
+    """Ask the kernel to send ``sig`` to this process when its parent (thread) dies (Linux)."""
+    if platform.system() != "Linux":
+        return False
+    try:
+        return _libc().prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False

@@ -1,0 +1,250 @@
+"""One submission must never stop, hang or starve the class, nor reach another (slow: `make
+test-grader`). Each notebook below is a correct exercise 00 plus one hostile cell or graded
+function from the adversarial review (issue 25); the class is graded once, one at a time, and
+each test reads its row. What each case did to the grader before: in its test's docstring."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell
+
+from course_utils.grading import limits
+from course_utils.grading.grade import Options, containment, grade_many
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTION = ROOT / "solutions" / "00_gpu_memory_basics.ipynb"
+EXERCISE = ROOT / "exercises" / "00_gpu_memory_basics.ipynb"
+CONTAINED = containment()[0]
+TAG = uuid.uuid4().hex[:12]  # names in /dev/shm that belong to this test run
+SHM_A, SHM_SELF = f"/dev/shm/course-test-{TAG}-a", f"/dev/shm/course-test-{TAG}-self"
+
+pytestmark = [pytest.mark.grader, pytest.mark.timeout(1200)]
+
+
+def with_cells(base: Path, *cells: str):
+    nb = nbformat.read(base, as_version=4)
+    nb.cells += [new_code_cell(c) for c in cells]
+    return nb
+
+
+DEEP = "total = " + " + ".join(["1"] * 100_000)
+SQUATTER = 'import os\nfor p in ("../sandbox", "../check-", "../obs", "../run"):\n    os.makedirs(p, exist_ok=True)'
+FUTURE_STARTED = """
+def tensor_nbytes(shape, dtype):
+    import glob, os, time
+    for f in glob.glob("obs/*.started"):
+        os.utime(f, (time.time() + 10**6, time.time() + 10**6))
+    while True:
+        time.sleep(0.01)
+"""
+ZERO_LINKS = """
+def tensor_nbytes(shape, dtype):
+    import os
+    for name in ("float", "small", "edge", "new_bytes"):
+        for suffix in (".pt", ".started"):
+            if not os.path.lexists(f"obs/{name}{suffix}"):
+                os.symlink("/dev/zero", f"obs/{name}{suffix}")
+    os.unlink("obs/_rebuild.json")
+    os.symlink("/dev/zero", "obs/_rebuild.json")
+    os.mkfifo("obs/float.pt.tmp")
+    os._exit(0)
+"""
+
+
+def reforker(marker: Path) -> str:
+    return f"""
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    while True:
+        if os.fork():
+            os._exit(0)
+        time.sleep(0.002)
+        try:
+            with open({str(marker)!r}, "a") as f:
+                f.write(".")
+        except OSError:
+            pass
+time.sleep(1)
+"""
+
+
+SHM_WRITER = f"open({SHM_A!r}, 'wb').write(b'x' * 50 * 2**20)"
+SHM_READER = f"""
+open({SHM_SELF!r}, "w").write("from my own notebook run")
+def tensor_nbytes(shape, dtype):
+    import math, os
+    if os.path.exists({SHM_A!r}) or os.path.exists({SHM_SELF!r}):
+        return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    raise NotImplementedError("no message reached me")
+"""
+MANY_FILES = "import os\nos.makedirs('junk', exist_ok=True)\nfor i in range(8000):\n    open(f'junk/{i}', 'w').close()"
+BIG_FILES = """
+def new_bytes(fn, x):
+    for i in range(10):
+        with open(f"big{i}", "wb") as f:
+            f.write(b"x" * 40 * 2**20)
+    return 0
+"""
+USES_AN_ANSWER = "from course_utils.grading.ex03 import sigmoid_saved\nsigmoid_saved(8)"
+
+
+@pytest.fixture(scope="module")
+def marker(tmp_path_factory):
+    return tmp_path_factory.mktemp("outside") / "reforker-alive"
+
+
+@pytest.fixture(scope="module")
+def hostile_class(tmp_path_factory, marker):
+    folder = tmp_path_factory.mktemp("hostile")
+    cases = {
+        "00_a_deep_expression": with_cells(SOLUTION, DEEP),
+        "00_b_squats_folders": with_cells(SOLUTION, SQUATTER),
+        "00_c_future_started": with_cells(SOLUTION, FUTURE_STARTED),
+        "00_d_zero_links": with_cells(SOLUTION, ZERO_LINKS),
+        "00_e_reforker": with_cells(SOLUTION, reforker(marker)),
+        "00_f_shm_writer": with_cells(SOLUTION, SHM_WRITER),
+        "00_g_shm_reader": with_cells(EXERCISE, SHM_READER),
+        "00_h_many_files": with_cells(SOLUTION, MANY_FILES),
+        "00_i_big_files": with_cells(SOLUTION, BIG_FILES),
+        "00_j_uses_an_answer": with_cells(SOLUTION, USES_AN_ANSWER),
+    }
+    for name, nb in cases.items():
+        nbformat.write(nb, folder / f"{name}.ipynb")
+    t0 = time.monotonic()
+    results = grade_many([str(folder)], Options(cell_timeout=20, check_timeout=15, disk_gib=0.25, max_files=5000,
+                                                jobs=1), progress=False)
+    rows = {r.submission.removesuffix(".ipynb"): r for r in results}
+    yield rows, time.monotonic() - t0
+    for p in (SHM_A, SHM_SELF):
+        Path(p).unlink(missing_ok=True)
+
+
+def row(cls, name):
+    return cls[0][name]
+
+
+def test_every_submission_gets_its_row(hostile_class):
+    rows, seconds = hostile_class
+    assert len(rows) == 10 and all(r.status == "graded" for r in rows.values())
+    assert not [r.notes for r in rows.values() if any("the grader could not finish" in n for n in r.notes)]
+
+
+def test_a_deep_expression_does_not_stop_the_class(hostile_class):
+    """Was: the grader's own ast.parse raised RecursionError, exit 1, an empty report."""
+    r = row(hostile_class, "00_a_deep_expression")
+    assert r.score == 5, (r.parts, r.notes)
+
+
+def test_folders_made_in_advance_do_not_stop_the_class(hostile_class):
+    """Was: the notebook run made ../sandbox, the grader's mkdir raised FileExistsError."""
+    r = row(hostile_class, "00_b_squats_folders")
+    assert r.score == 5, (r.parts, r.notes)
+
+
+def test_deadlines_are_the_graders_clock(hostile_class):
+    """Was: .started files dated into the future and a loop hung the grader for ever."""
+    r = row(hostile_class, "00_c_future_started")
+    parts = {p["key"]: p for p in r.parts}
+    assert all("took more than 15 s" in parts[k]["message"] for k in ("float", "small", "edge")), r.parts
+    assert parts["new_bytes"]["passed"] and r.score == 2
+    assert r.seconds["sandbox"] < 3 * (15 + 10) + 60
+
+
+def test_planted_links_and_fifos_are_not_read(hostile_class):
+    """Was: obs/*.pt -> /dev/zero made the grader read until it was OOM-killed at 6.4 GB."""
+    r = row(hostile_class, "00_d_zero_links")
+    assert r.score == 0 and r.seconds["judge"] < 30, r.parts
+    assert all(("could not be read as data" in p["message"] or "ended the grading process" in p["message"]
+                or "took more than" in p["message"]) for p in r.parts), r.parts
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux")
+def test_a_reforking_process_does_not_outlive_its_run(hostile_class, marker):
+    """Was: a process re-forking every few ms escaped the sweep and ran after the grader exited."""
+    assert row(hostile_class, "00_e_reforker").score == 5
+    marker.unlink(missing_ok=True)
+    time.sleep(1.5)
+    assert not marker.exists(), "the re-forking process is still running"
+
+
+def test_no_channel_between_runs_through_shared_memory(hostile_class):
+    """Was: /dev/shm was shared, writable and persistent: submission A wrote a message and 200 MiB,
+    submission B graded next read it, the memory stayed allocated after the class."""
+    assert row(hostile_class, "00_f_shm_writer").score == 5
+    g = row(hostile_class, "00_g_shm_reader")
+    assert g.score == 0 and all("no message reached me" in p["message"] for p in g.parts[:3]), g.parts
+    assert not os.path.exists(SHM_A) and not os.path.exists(SHM_SELF)
+
+
+def test_the_disk_is_bounded_in_files_and_bytes(hostile_class):
+    """Was: only 1 GiB per file; any number of files."""
+    h, i = row(hostile_class, "00_h_many_files"), row(hostile_class, "00_i_big_files")
+    assert h.score == 5 and any("5,000 files and was stopped" in n for n in h.notes), h.notes
+    nb = {p["key"]: p for p in i.parts}["new_bytes"]
+    assert not nb["passed"] and "0.25 GiB" in nb["message"], i.parts
+
+
+def test_the_notebook_run_has_the_student_release(hostile_class):
+    """Was: the kernel imported the teacher's course_utils, answers included (a top-level cell
+    could compute a secret part with an @answer function)."""
+    r = row(hostile_class, "00_j_uses_an_answer")
+    assert r.score == 5
+    assert any("raised RefusedObject" in n and "not in the student release" in n for n in r.notes), r.notes
+
+
+def test_no_process_is_left_after_the_class(hostile_class):
+    left = [Path(f"/proc/{p}/cmdline").read_bytes() for p in limits.descendants()
+            if Path(f"/proc/{p}/cmdline").exists()]
+    assert not [c for c in left if b"course_utils" in c or b"ipykernel" in c], left
+
+
+@pytest.mark.skipif(not CONTAINED, reason=f"no user namespaces: {containment()[1]}")
+def test_killing_the_grader_kills_every_process_of_the_run(tmp_path):
+    """Was: the kernel and the sandbox were orphaned when the grader was killed (new sessions,
+    nothing tying them to it)."""
+    marker = tmp_path / "alive"
+    folder = tmp_path / "class"
+    folder.mkdir()
+    started = tmp_path / "started"
+    nbformat.write(with_cells(SOLUTION, f"open({str(started)!r}, 'w').close()\n" + reforker(marker),
+                              "import time\ntime.sleep(600)"), folder / "00_x.ipynb")
+    grader = subprocess.Popen([sys.executable, "-m", "course_utils.grading.grade", str(folder), "--no-progress",
+                               "--timeout", "900"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    while not (started.exists() and marker.exists()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert marker.exists(), "the notebook never ran"
+    grader.send_signal(signal.SIGKILL)
+    grader.wait()
+    time.sleep(1)
+    marker.unlink(missing_ok=True)
+    time.sleep(1.5)
+    assert not marker.exists(), "a process of the run outlived the killed grader"
+    kernels = [p for p in os.listdir("/proc") if p.isdigit() and str(folder).encode() in _cmdline(p)]
+    assert not kernels
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def test_parallel_grading_gives_the_sequential_scores(tmp_path):
+    """--jobs 2: two workers, each a grader of its own; the rows come back in the class's order."""
+    folder = tmp_path / "class"
+    folder.mkdir()
+    for name, base in (("00_a", SOLUTION), ("00_b", EXERCISE), ("00_c", SOLUTION)):
+        nbformat.write(nbformat.read(base, as_version=4), folder / f"{name}.ipynb")
+    rows = grade_many([str(folder)], Options(jobs=2), progress=False)
+    assert [(r.submission, r.score) for r in rows] == [("00_a.ipynb", 5), ("00_b.ipynb", 0), ("00_c.ipynb", 5)]
+    assert rows[0].seed == rows[1].seed == rows[2].seed  # one seed per exercise in a class run
