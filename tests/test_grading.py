@@ -158,16 +158,17 @@ def test_limits_find_descendants_and_rss():
 # -- the student release ------------------------------------------------------------------------------
 def test_release_has_no_answers_and_its_checks_still_work(tmp_path):
     out = tmp_path / "release"
-    release(out)
+    info = release(out)
     assert not (out / "solutions").exists() and not (out / "tests").exists()
     assert not (out / "course_utils" / "templates").exists()  # the scaffold's example solution
     assert sorted(p.name for p in (out / "exercises").glob("*.ipynb")) == \
         sorted(p.name for p in (ROOT / "solutions").glob("*.ipynb"))
     assert check_release(out) == []
-    assert "def reference_log_hooks" in (out / "course_utils/grading/ex02.py").read_text()  # kept, see docs    assert "course_utils/grading/ex07.py" in info["stripped"]
+    assert "def reference_log_hooks" in (out / "course_utils/grading/ex02.py").read_text()  # kept, see docs
+    assert "course_utils/grading/ex07.py" in info["stripped"]
     assert "def best_segment_count" in (out / "course_utils/grading/ex07.py").read_text()
     assert "not in the student release" in (out / "course_utils/grading/ex07.py").read_text()
-    assert 'testpaths = ["notebooks"]' in (out / "pyproject.toml").read_text()
+    assert 'testpaths = ["notebooks", "exercises"]' in (out / "pyproject.toml").read_text()  # no tests/ here
     assert (out / "constraints.txt").read_text() == (ROOT / "constraints.txt").read_text()  # make install needs it
     import subprocess
     import sys

@@ -285,7 +285,14 @@ class Exercise:
             if isinstance(err, (KeyboardInterrupt, SystemExit)) and not _in_sandbox():
                 # in a notebook, an interrupt must still stop the cell
                 raise
-            return Raised.from_exception(err).to_data()
+            raised = Raised.from_exception(err)
+            # the grader's objects (notebook_code.GradedObjects) say which statement of the
+            # notebook they did not run sets a missing name
+            hint = getattr(objects, "explain", None)
+            note = hint(err) if hint is not None and raised.kind == "error" else None
+            if note:
+                raised.message = f"{raised.message} -- {note}"
+            return raised.to_data()
 
     def judge(self, key: str, observed: Any, seed: int) -> PartResult:
         """Compare an observation with the reference; never raises."""

@@ -10,9 +10,15 @@ them). Learners who clone it can copy them; for graded work hand out this releas
   removed: the values of the reasoning parts (a segment count, a batch size, which ops are safe,
   a formula) are nowhere in the release. Those parts say "checked by your teacher's grader" in
   the learner's notebook; every other part still checks itself;
-* README, install files (``pyproject.toml`` with the notebooks as its only test path, Makefile,
-  ``constraints.txt``, environment.yml), ``benchmarks/``, ``recorded/``;
+* a README and a Makefile of its own (``release_files/``: the notebook table is made from the
+  notebooks, the parts from the grading modules), ``check_exercises.py`` (``make check``), the
+  install files (``pyproject.toml`` with the notebooks and exercises as its test paths,
+  ``constraints.txt``, environment.yml, conftest.py), ``benchmarks/``, ``recorded/``,
+  ``docs/gpu-runs/`` (the GPU run a notebook links to);
 * no ``solutions/``, no ``tests/`` (they hold the answers), no ``docs/teaching.md``.
+
+``check_release`` reports answers found in the release, and a README or Makefile that links to,
+names or runs a file or make target the release does not contain.
 
 ``--nbgrader-course DIR`` instead lays out an nbgrader course (``source/exNN/`` with the solution
 notebooks, ``nbgrader_config.py``, a ``course_utils`` copy) on which ``nbgrader generate_assignment
@@ -22,23 +28,47 @@ exNN`` and ``nbgrader autograde exNN`` run as they are.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shutil
+import string
 import sys
 from pathlib import Path
 
 import nbformat
 
+from ..scaffold import CODE, links
 from .generate import ROOT, SolutionFormatError, make_exercise
 from .strip import strip_source
 
-KEEP_FILES = ("README.md", "Makefile", "environment.yml", "pyproject.toml", "constraints.txt")
-KEEP_DIRS = ("benchmarks", "recorded")
+#: the release's own README (a template: the tables are made by write_readme), Makefile and
+#: ``make check``'s script
+RELEASE_FILES = Path(__file__).resolve().parent / "release_files"
+KEEP_FILES = ("environment.yml", "pyproject.toml", "constraints.txt", "conftest.py")
+KEEP_DIRS = ("benchmarks", "recorded", "docs/gpu-runs")
+#: what pytest runs in the release (``make test``): pyproject.toml's testpaths there
+TESTPATHS = ("notebooks", "exercises")
+#: the README's table of what is in the release (the entries it contains, in this order)
+CONTENTS = {
+    "notebooks/": "the lessons, in order",
+    "exercises/": "your exercises: write, check, hand in",
+    "course_utils/": "the library the notebooks use (`course_utils.setup()`, the U-Net, the memory instruments)",
+    "check_exercises.py": "`make check`: your exercises run and checked part by part",
+    "benchmarks/": "every technique on seed 000's two nets (`python benchmarks/run.py`) and its results",
+    "recorded/": "figures recorded on a GPU, shown on a CPU",
+    "docs/gpu-runs/": "the record of a GPU run of the course that the notebooks cite",
+    "Makefile": "`make lab`, `make test`, `make check`, `make clean`",
+    "pyproject.toml": "the package, its dependencies and the test settings of `make test`",
+    "constraints.txt": "the torch version `make install` installs",
+    "environment.yml": "the same environment for conda",
+    "conftest.py": "pytest settings: one torch thread per worker",
+}
 
 
 def _ignore(_dir, names):
-    # templates/: the scaffold's, for teachers (its example solution holds its answer)
-    return [n for n in names if n in ("__pycache__", "templates") or n.endswith((".pyc", ".pyo"))]
+    # templates/: the scaffold's, for teachers (its example solution holds its answer);
+    # release_files/: what this module writes at the release's top level
+    return [n for n in names if n in ("__pycache__", "templates", "release_files") or n.endswith((".pyc", ".pyo"))]
 
 
 def release_course_utils(src: Path, dest: Path) -> list[str]:
@@ -93,23 +123,140 @@ def release(out: Path, root: Path = ROOT, force: bool = False) -> dict:
     for name in KEEP_DIRS:
         if (root / name).is_dir():
             shutil.copytree(root / name, out / name, ignore=_ignore)
+    for name in ("Makefile", "check_exercises.py"):
+        shutil.copy2(RELEASE_FILES / name, out / name)
     pyproject = out / "pyproject.toml"
     if pyproject.exists():
-        text = pyproject.read_text()
-        # the release has no tests/ (they hold the answers): its pytest runs the notebooks only
-        text, n = re.subn(r"(?m)^testpaths = \[.*\]$", 'testpaths = ["notebooks"]', text)
+        # its comments speak of the repository (make test-grader, tests/, site/): not kept
+        text = re.sub(r"(?m)^[ \t]*#.*\n", "", pyproject.read_text())
+        # no tests/ or solutions/ here (they hold the answers): pytest runs the lessons and exercises
+        paths = ", ".join(f'"{p}"' for p in TESTPATHS)
+        text, n = re.subn(r"(?m)^testpaths = \[.*\]$",
+                          f"# make test: every lesson and exercise, run top to bottom by nbval\ntestpaths = [{paths}]",
+                          text)
         if n != 1:
-            raise RuntimeError(f"{pyproject}: expected one 'testpaths = [...]' line to point at notebooks/, "
-                               f"found {n}: update grading/release.py to pyproject.toml's layout")
-        pyproject.write_text(text)
-    leaks = check_release(out, root)
-    if leaks:
-        raise RuntimeError("the release contains answers: " + "; ".join(leaks))
+            raise RuntimeError(f"{pyproject}: expected one 'testpaths = [...]' line to point at "
+                               f"{', '.join(TESTPATHS)}, found {n}: update grading/release.py to "
+                               "pyproject.toml's layout")
+        pyproject.write_text("# The course's package and its test settings (the student release)\n" + text)
+    write_readme(out, root)
+    problems = check_release(out, root)
+    if problems:
+        raise RuntimeError("the release is not fit to hand out: " + "; ".join(problems))
     return {"out": str(out), "stripped": stripped}
 
 
+def _heading(path: Path) -> str:
+    """The first ``# `` heading of a notebook's markdown, without the ``NN · `` before it."""
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("# "):
+                    return re.sub(r"^\d\d\s*·\s*", "", line[2:].strip())
+    raise RuntimeError(f"{path}: no '# NN · Title' heading in its markdown: the release's README lists "
+                       "each notebook by it")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _part_name(name: str) -> str:
+    head = name.split(":", 1)[0]
+    return f"`{head}`" if head.isidentifier() else head
+
+
+def teacher_checked(module: Path) -> set[str]:
+    """The keys of the parts of grading module ``module`` (``exNN.py``) whose judge uses a function
+    marked ``@answer``, directly or through the module's other functions: the release removes
+    those bodies, so its check cells say "checked by your teacher's grader" for these parts."""
+    import ast
+
+    tree = ast.parse(module.read_text())
+    parts, functions, answers, judges = {}, {}, set(), []
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                and isinstance(node.value.func, ast.Attribute) and node.value.func.attr == "part"
+                and node.value.args and isinstance(node.value.args[0], ast.Constant)):
+            parts.update({t.id: node.value.args[0].value for t in node.targets if isinstance(t, ast.Name)})
+        elif isinstance(node, ast.FunctionDef):
+            if any(isinstance(d, ast.Name) and d.id == "answer" for d in node.decorator_list):
+                answers.add(node.name)
+            judges += [(d.value.id, node) for d in node.decorator_list if isinstance(d, ast.Attribute)
+                       and d.attr == "judge" and isinstance(d.value, ast.Name)]
+            if node.name != "_":
+                functions[node.name] = node
+
+    def uses_answer(node, seen: set[str]) -> bool:
+        names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        if names & answers:
+            return True
+        todo = (names & functions.keys()) - seen
+        seen |= todo
+        return any(uses_answer(functions[name], seen) for name in todo)
+
+    return {parts[var] for var, node in judges if var in parts and uses_answer(node, set())}
+
+
+def notebook_rows(out: Path) -> list[str]:
+    """The README's table rows: each notebook of ``out`` with its title, its exercise, the
+    exercise's points and the parts the release cannot check (their answer is the teacher's)."""
+    from .registry import exercise
+
+    stems = sorted({p.stem for folder in ("notebooks", "exercises") for p in (out / folder).glob("*.ipynb")})
+    rows = []
+    for stem in stems:
+        nb, ex = out / "notebooks" / f"{stem}.ipynb", out / "exercises" / f"{stem}.ipynb"
+        lesson = f"[{_cell(_heading(nb))}](notebooks/{stem}.ipynb)" if nb.exists() else "-"
+        points = teacher = "-"
+        exercise_link = "-"
+        if ex.exists():
+            spec = exercise(stem[:2])
+            exercise_link = f"[{_cell(spec.title)}](exercises/{stem}.ipynb)"
+            points = str(spec.max_score)
+            keys = teacher_checked(out / "course_utils" / "grading" / f"ex{stem[:2]}.py")
+            teacher = ", ".join(f"{_part_name(p.name)} ({p.points})" for p in spec.parts if p.key in keys) or "-"
+        rows.append(f"| {stem[:2]} | {lesson} | {exercise_link} | {points} | {_cell(teacher)} |")
+    return rows
+
+
+def _readme_block(root: Path, name: str) -> str:
+    """The generated block ``name`` of the repository's README (between its BEGIN/END markers)."""
+    readme = root / "README.md"
+    m = re.search(rf"<!-- BEGIN {name} -->\n(.*?)<!-- END {name} -->", readme.read_text() if readme.exists() else "",
+                  re.S)
+    return m.group(1).strip() if m else ""
+
+
+def write_readme(out: Path, root: Path = ROOT) -> Path:
+    """``out/README.md`` from ``release_files/README.md.in``: the notebooks, their exercises and
+    the files of ``out``, the course's run time (results/timings.json) and figures (README's block)."""
+    readme = root / "README.md"
+    first = readme.read_text().splitlines()[0] if readme.exists() else ""
+    heading = first if first.startswith("# ") else "# The course"
+    timing = ""
+    timings = root / "results" / "timings.json"
+    if timings.exists():
+        data = json.loads(timings.read_text())
+        seconds = sum(r.get("notebooks", 0) for r in data["rows"].values())
+        cores = data.get("meta", {}).get("cores")
+        on = f"a {cores}-core CPU" if cores else "a CPU"
+        timing = (f"\nOne after the other, the notebooks run in about {max(1, round(seconds / 60))} minutes on "
+                  f"{on} at the `tiny` preset, the exercises in less; `make test` spreads them over every\n"
+                  "core (`make test JOBS=1`: one at a time).\n")
+    figures = _readme_block(root, "figures")
+    if figures:
+        figures = f"\n## What the course found\n\n{figures}\n"
+    files = [f"| `{name}` | {what} |" for name, what in CONTENTS.items() if (out / name.rstrip("/")).exists()]
+    text = string.Template((RELEASE_FILES / "README.md.in").read_text()).substitute(
+        heading=heading, timing=timing, rows="\n".join(notebook_rows(out)), figures=figures, files="\n".join(files))
+    (out / "README.md").write_text(text)
+    return out / "README.md"
+
+
 def check_release(out: Path, root: Path = ROOT) -> list[str]:
-    """Lines of the solutions' answer regions found anywhere in the release's text files."""
+    """What is wrong with the release ``out``: lines of the solutions' answer regions found in it,
+    and (``check_release_files``) a README or Makefile that names what it does not contain."""
     answers = set()
     for sol in sorted((root / "solutions").glob("[0-9][0-9]_*.ipynb")):
         for cell in nbformat.read(sol, as_version=4).cells:
@@ -139,13 +286,92 @@ def check_release(out: Path, root: Path = ROOT) -> list[str]:
         for line in answers:
             if line in text:
                 leaks.append(f"{path.relative_to(out)}: {line[:60]}")
-    return leaks
+    return leaks + check_release_files(out, root)
 
 
+_SKIP = ("__pycache__", "build")
+
+
+def _absent(root: Path, out: Path, depth: int = 3) -> list[str]:
+    """The repository's paths (``dir/`` for a folder) that ``out`` lacks, down to ``depth``
+    levels inside the folders both have: ``solutions/``, ``tests/``, ``docs/teaching.md``, ..."""
+    found = []
+    for path in sorted(root.iterdir()):
+        if path.name.startswith(".") or path.name in _SKIP or path.name.endswith(".egg-info"):
+            continue
+        rel = path.relative_to(root)
+        if not (out / rel).exists():
+            found.append(rel.as_posix() + ("/" if path.is_dir() else ""))
+        elif path.is_dir() and depth > 1:
+            found += [f"{rel.as_posix()}/{p}" for p in _absent(path, out / rel, depth - 1)]
+    return found
+
+
+def makefile_targets(text: str) -> set[str]:
+    """The targets a Makefile's rules name (``a b: deps``; not ``X := ...``, not ``$(VAR):``)."""
+    return {name for m in re.finditer(r"(?m)^([A-Za-z0-9_][A-Za-z0-9_ .-]*?)\s*:(?!=)", text)
+            for name in m.group(1).split()}
+
+
+_MAKE = re.compile(r"\bmake\s+(?:-\S+\s+)*(?:[A-Z_]+=\S*\s+)*([a-z][\w-]*)")
+
+
+def check_release_files(out: Path, root: Path = ROOT) -> list[str]:
+    """The release's README and Makefile name only what it contains: every relative link of the
+    README, the notebooks and the exercises resolves inside ``out``; no path of the repository
+    that the release lacks (``docs/teaching.md``, ``solutions/``, ``tests/``, ``tools/``, ...) is
+    named; every ``make X`` they give is a target of its Makefile; every file a Makefile rule uses
+    is there."""
+    problems = []
+    texts = {}
+    for name in ("README.md", "Makefile"):
+        if (out / name).is_file():
+            texts[name] = (out / name).read_text()
+        else:
+            problems.append(f"{name} is missing: write it with python -m course_utils.grading.release")
+    documents = [(out / "README.md", texts.get("README.md", ""))]
+    for folder in ("notebooks", "exercises"):
+        for path in sorted((out / folder).glob("*.ipynb")):
+            cells = nbformat.read(path, as_version=4).cells
+            documents.append((path, "\n".join(c.source for c in cells if c.cell_type == "markdown")))
+    top = out.resolve()
+    for path, text in documents:
+        for target in links(text):
+            resolved = (path.parent / target).resolve()
+            if not resolved.exists() or not resolved.is_relative_to(top):
+                problems.append(f"{path.relative_to(out)} links to {target}, which the release does not contain")
+    for missing in _absent(root, out):
+        end = "" if missing.endswith("/") else r"(?![\w-])"  # CONTRIBUTING.md, not CONTRIBUTING.mdx
+        pattern = re.compile(rf"(?<![\w./-]){re.escape(missing)}{end}")
+        for name, text in texts.items():
+            if pattern.search(text):
+                problems.append(f"{name} names {missing}, which the release does not contain")
+    makefile = texts.get("Makefile", "")
+    targets = makefile_targets(makefile)
+    commands = [("README.md", "\n".join(m.group(0) for m in CODE.finditer(texts.get("README.md", ""))))]
+    pyproject = (out / "pyproject.toml").read_text() if (out / "pyproject.toml").is_file() else ""
+    for name, text in (("Makefile", makefile), ("pyproject.toml", pyproject)):  # their comments
+        commands.append((name, "\n".join(line for line in text.splitlines() if line.lstrip().startswith("#"))))
+    for name, text in commands:
+        for target in dict.fromkeys(m.group(1) for m in _MAKE.finditer(text)):
+            if target not in targets:
+                problems.append(f"{name} gives `make {target}`, but the release's Makefile has no target {target}")
+    rules = "\n".join(line for line in makefile.splitlines() if line.strip() and not line.lstrip().startswith("#"))
+    for used in dict.fromkeys(re.findall(r"(?<![\w$/.-])([\w./-]+\.(?:py|txt|toml|yml|yaml|md|ipynb|sh|cfg))\b", rules)):
+        if not (out / used).exists():
+            problems.append(f"Makefile uses {used}, which the release does not contain")
+    return list(dict.fromkeys(problems))
+
+
+#: nbgrader >= 0.6 has no ``db_assignments``/``db_students`` (0.9 warns "Config option
+#: `db_assignments` not recognized"): an assignment is its folder ``source/exNN/``, entered in the
+#: gradebook by ``generate_assignment`` and its students by ``autograde`` (both by default since
+#: nbgrader 0.6, PR #1116; said here so that the config shows it)
 NBGRADER_CONFIG = '''# nbgrader course made by python -m course_utils.grading.release --nbgrader-course
+# assignments: {assignments} (each is its folder source/exNN/; generate_assignment adds it to the gradebook)
 c = get_config()  # noqa: F821
-c.CourseDirectory.root = "."
-c.CourseDirectory.db_assignments = [{assignments}]
+c.GenerateAssignment.create_assignment = True
+c.Autograde.create_student = True
 c.ClearSolutions.code_stub = {{"python": "# YOUR CODE HERE\\nraise NotImplementedError()"}}
 c.Execute.timeout = 600
 '''
@@ -161,8 +387,7 @@ def nbgrader_course(out: Path, root: Path = ROOT, force: bool = False) -> list[s
         clean_notebook(sol, out / "source" / name / sol.name)
         names.append(name)
     shutil.copytree(root / "course_utils", out / "course_utils", ignore=_ignore)
-    (out / "nbgrader_config.py").write_text(NBGRADER_CONFIG.format(
-        assignments=", ".join(f'{{"name": "{n}"}}' for n in names)))
+    (out / "nbgrader_config.py").write_text(NBGRADER_CONFIG.format(assignments=", ".join(names)))
     return names
 
 
