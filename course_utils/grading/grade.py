@@ -102,6 +102,7 @@ class Result:
     seed: int | None = None
     cells: list[dict] = field(default_factory=list)
     sources: dict[str, str] = field(default_factory=dict)
+    not_run: list[dict] = field(default_factory=list)  # top-level statements the sandbox did not run, and why
     seconds: dict = field(default_factory=dict)  # where the time went
 
     @property
@@ -513,8 +514,10 @@ class Grader:
                 break
             culprit = next((k for k in after if os.path.lexists(obs / f"{k}.started")), None)
             if culprit is None:  # died before any part started: while rebuilding the definitions
-                reason = {"part timeout": f"took more than {STARTUP_S:.0f} s to start (imports, definitions)",
-                          "timeout": f"took more than {STARTUP_S:.0f} s to start (imports, definitions)",
+                reason = {"part timeout": f"took more than {STARTUP_S:.0f} s to start (imports, definitions and "
+                                          "the statements they need)",
+                          "timeout": f"took more than {STARTUP_S:.0f} s to start (imports, definitions and "
+                                     "the statements they need)",
                           "memory": f"used more than {self.opts.memory_gib:g} GiB",
                           "disk": self._disk_note("")[1:]}.get(
                     why, f"ended ({_exit(code)}) while rebuilding the notebook's definitions")
@@ -533,6 +536,7 @@ class Grader:
         info = _read_json(obs / "_rebuild.json")
         if isinstance(info, dict):
             result.sources = {str(k): _clip(v, 20_000) for k, v in dict(info.get("sources", {})).items()}
+            result.not_run = [d for d in list(info.get("dropped", []))[:200] if isinstance(d, dict)]
             for problem in list(info.get("problems", []))[:10]:
                 result.notes.append(f"rebuilding the graded code: {_clip(problem, 500)}")
         return observations

@@ -349,15 +349,19 @@ def rebuild(nb, name: str = "__main__", graded: Iterable[str] | None = None) -> 
     for cell in cells:
         try:
             tree = ast.parse(cell.python, cell_filename(cell))
-        except SyntaxError as err:
-            out.problems.append(f"code cell {cell.number} does not parse: {err.msg} (line {err.lineno})")
+            analysed = [_analyse(cell, stmt) for stmt in _unwrap_time(tree.body)]
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
+            # a 100,000-term expression makes the parser itself recurse too deep: like a syntax error
+            msg, line = (err.msg, err.lineno) if isinstance(err, SyntaxError) else \
+                (f"{type(err).__name__}: too deeply nested or too large to analyse", 1)
+            out.problems.append(f"code cell {cell.number} does not parse: {msg} (line {line})")
             first = next((ln.strip() for ln in cell.source.splitlines() if ln.strip()), "")
-            out.dropped.append(Dropped(cell.number, 1, _clip(first), f"the cell does not parse ({err.msg}, line "
-                                       f"{err.lineno}), so none of it was run", text=cell.source, whole_cell=True))
+            out.dropped.append(Dropped(cell.number, 1, _clip(first), f"the cell does not parse ({msg}, line "
+                                       f"{line}), so none of it was run", text=cell.source, whole_cell=True))
             continue
         filename = cell_filename(cell)  # for inspect.getsource
         linecache.cache[filename] = (len(cell.python), None, cell.python.splitlines(True), filename)
-        statements += [_analyse(cell, stmt) for stmt in _unwrap_time(tree.body)]
+        statements += analysed
 
     kept = _needed(statements, graded)
     for k, s in enumerate(statements):

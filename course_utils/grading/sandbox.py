@@ -6,7 +6,8 @@ folder, ``PYTHONPATH`` and ``HOME`` in the submission's scratch folder, a per-ex
 (``strip``), and nothing of the teacher's repository. It
 
 1. limits itself (memory, file size, Landlock where the kernel has it),
-2. rebuilds the graded objects from the notebook's code (``notebook_code``),
+2. rebuilds the graded objects from the notebook's code, with the top-level statements they
+   need (``notebook_code``),
 3. observes each requested part (``Exercise.observe``) and saves the observation with
    ``torch.save`` to ``obs/<part>.pt`` -- data only, which the grader loads with
    ``weights_only=True`` and judges in its own process.
@@ -29,9 +30,10 @@ def observe_notebook(nb, nn_id: str, keys, seed: int, save=None, on_rebuilt=None
     from .registry import exercise
 
     ex = exercise(nn_id)
-    rebuilt = rebuild(nb)
+    rebuilt = rebuild(nb, graded=ex.names)  # only the statements the graded names need run
     objects = graded_objects(rebuilt, ex.names)
-    out = {"__rebuild__": {"problems": rebuilt.problems, "sources": rebuilt.sources}}
+    out = {"__rebuild__": {"problems": rebuilt.problems, "sources": rebuilt.sources,
+                           "dropped": [d.as_dict() for d in rebuilt.dropped]}}
     if on_rebuilt is not None:
         on_rebuilt(out["__rebuild__"])
     for key in keys:
