@@ -56,6 +56,35 @@ def test_a_contained_run_takes_every_process_with_it_and_its_shm(tmp_path):
     assert not os.path.exists("/dev/shm/left-by-the-run")  # the run's /dev/shm was its own
 
 
+SYSV_AND_TCP = """
+import ctypes, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.shmget(int(sys.argv[1]), 4096, 0o1666) >= 0          # IPC_CREAT | 0666: a System V segment
+s = socket.socket()
+s.bind(("127.0.0.1", int(sys.argv[2])))                           # the port the test holds outside
+s.listen()
+socket.create_connection(s.getsockname(), timeout=5).close()      # its own loopback is up
+"""
+
+
+@needs_namespaces
+def test_a_contained_run_has_its_own_ipc_and_network(tmp_path):
+    import ctypes
+    import socket
+
+    script = tmp_path / "ipc.py"
+    script.write_text(SYSV_AND_TCP)
+    key = 0x5EED0000 + os.getpid() % 0xFFFF
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        p = subprocess.run([sys.executable, str(CONTAIN), "--shm-bytes", str(2**20), "--", sys.executable, str(script),
+                            str(key), str(port)], timeout=60, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert ctypes.CDLL(None, use_errno=True).shmget(key, 0, 0) == -1  # the segment died with its run
+
+
 def test_without_namespaces_the_same_process_survives(tmp_path):
     """The reason for contain.py: the same program, not contained, leaves its re-forker running
     (the test kills it afterwards through its session)."""

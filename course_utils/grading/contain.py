@@ -6,7 +6,9 @@ anything imports torch; standard library only). Where Linux lets an unprivileged
 namespaces (most distributions; see ``probe``), it
 
 1. asks to be SIGKILLed when the grader dies (``PR_SET_PDEATHSIG``);
-2. enters new **user, mount and PID namespaces** (``unshare``), mapping the user to itself;
+2. enters new **user, mount, PID, IPC and network namespaces** (``unshare``), mapping the user
+   to itself: System V shared memory, message queues and sockets (``localhost`` included, with
+   its own loopback, up) are the run's own, and nothing outside the machine is reachable;
 3. mounts a private, size-limited ``tmpfs`` on ``/dev/shm`` (shared memory, POSIX semaphores:
    what ``multiprocessing`` and ``torch.multiprocessing`` use) -- invisible to every other run,
    and gone with the run;
@@ -34,6 +36,9 @@ import struct
 import sys
 
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID = 0x00020000, 0x10000000, 0x20000000
+CLONE_NEWIPC, CLONE_NEWNET = 0x08000000, 0x40000000
+NAMESPACES = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 1 << 14, 1 << 18
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP = 1, 24
 LAST_CAP = 63
@@ -66,11 +71,11 @@ def _write(path: str, text: str) -> None:
 
 
 def enter(shm_bytes: int) -> None:
-    """Steps 2-3: new user, mount and PID namespaces and a private /dev/shm (this process stays in
-    the parent PID namespace; its next child is the new one's init)."""
+    """Steps 2-3: new user, mount, PID, IPC and network namespaces and a private /dev/shm (this
+    process stays in the parent PID namespace; its next child is the new one's init)."""
     libc = _libc()
     uid, gid = os.getuid(), os.getgid()
-    _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID), "unshare")
+    _check(libc.unshare(NAMESPACES), "unshare")
     try:
         _write("/proc/self/setgroups", "deny")
     except FileNotFoundError:
@@ -80,6 +85,19 @@ def enter(shm_bytes: int) -> None:
     _check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
     opts = f"size={max(int(shm_bytes), 1 << 20)},mode=1777".encode()
     _check(libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, opts), "mount tmpfs /dev/shm")
+    loopback_up()
+
+
+def loopback_up() -> None:
+    """A new network namespace has a loopback interface, down: bring it up (a kernel's channels
+    and a DDP process group connect through 127.0.0.1)."""
+    import fcntl
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        ifreq = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(sock.fileno(), SIOCGIFFLAGS, ifreq))[1]
+        fcntl.ioctl(sock.fileno(), SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
 
 
 def _init(argv: list[str], report_fd: int) -> None:

@@ -711,6 +711,12 @@ def _worker_grade(path: str, seed: int | None) -> Result:
     return _WORKER[0].grade(path, seed=seed)
 
 
+def _failed(path: Path, err: BaseException) -> Result:
+    return Result(path.name, path.name[:2], status="not graded",
+                  notes=[f"the grader failed on this file ({type(err).__name__}: {_clip(err, 300)}); grade it "
+                         "again alone, and report this if it persists"])
+
+
 def grade_many(paths: list[str], options: Options | None = None, progress: bool = True) -> list[Result]:
     """Grade every notebook under ``paths``: ``options.jobs`` at a time (default: ``default_jobs``),
     each worker a grader of its own (its imports and references computed once)."""
@@ -737,9 +743,11 @@ def grade_many(paths: list[str], options: Options | None = None, progress: bool 
                 for fut in as_completed(futures):
                     try:
                         results[futures[fut]] = fut.result()
-                        bar.update()
                     except BrokenProcessPool:
                         break
+                    except Exception as err:  # noqa: BLE001 - the worker's own failure: this file's note
+                        results[futures[fut]] = _failed(notebooks[futures[fut]], err)
+                    bar.update()
         except BrokenProcessPool:
             pass
         todo = [i for i in todo if results[i] is None]  # a worker died (the machine's OOM killer): again, alone
@@ -747,7 +755,10 @@ def grade_many(paths: list[str], options: Options | None = None, progress: bool 
         grader = Grader(options)
         try:
             for i in todo:
-                results[i] = grader.grade(notebooks[i], seed=seeds[i])
+                try:
+                    results[i] = grader.grade(notebooks[i], seed=seeds[i])
+                except Exception as err:  # noqa: BLE001 - grade() notes its own failures; this is a last resort
+                    results[i] = _failed(notebooks[i], err)
                 bar.update()
         finally:
             shutil.rmtree(grader.workdir, ignore_errors=True)
