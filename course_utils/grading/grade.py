@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from . import limits
@@ -67,6 +67,7 @@ class Options:
     max_files: int = 20_000  # files and folders one run may create
     jobs: int | None = None  # submissions graded at once (None: see default_jobs)
     seed_per_submission: bool = False  # False: one seed per exercise for the whole class run
+    threads: int | None = None  # CPU threads of a notebook run (None: as the environment says; grade_many: cores / jobs)
 
     def __post_init__(self):
         for name in ("cell_timeout", "check_timeout", "memory_gib", "max_output_mib", "disk_gib", "max_files"):
@@ -214,6 +215,8 @@ class Grader:
                    JUPYTER_CONFIG_DIR=str(scratch / "jupyter-config"), IPYTHONDIR=str(scratch / "ipython"),
                    MPLCONFIGDIR=str(scratch / "mpl"), MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1",
                    PYDEVD_DISABLE_FILE_VALIDATION="1", PYTHONUNBUFFERED="1")
+        if self.opts.threads and "OMP_NUM_THREADS" not in os.environ:  # workers side by side share the cores
+            env.update(OMP_NUM_THREADS=str(self.opts.threads), MKL_NUM_THREADS=str(self.opts.threads))
         env.update(extra or {})
         return env
 
@@ -667,10 +670,7 @@ def default_jobs(options: Options) -> tuple[int, str]:
         return 1, "one at a time: without Landlock a change to the grader's files could not be blamed on one submission"
     if options.contain and not containment()[0]:
         return 1, "one at a time: without namespaces runs graded together would share /dev/shm"
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
+    cores = _cores()
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -678,6 +678,13 @@ def default_jobs(options: Options) -> tuple[int, str]:
     by_memory = max(1, int(ram // ((options.memory_gib + 1) * 2**30))) if ram else cores
     n = max(1, min(cores, by_memory))
     return n, f"{n} at a time ({cores} cores, {ram / 2**30:.0f} GiB of memory, {options.memory_gib:g} GiB per submission)"
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
 def class_seeds(notebooks: list[Path], options: Options) -> list[int | None]:
@@ -728,6 +735,8 @@ def grade_many(paths: list[str], options: Options | None = None, progress: bool 
         raise FileNotFoundError(f"no notebooks (*.ipynb) in {', '.join(paths)}")
     seeds = class_seeds(notebooks, options)
     jobs = min(options.jobs or default_jobs(options)[0], len(notebooks))
+    if jobs > 1 and options.threads is None:
+        options = replace(options, threads=max(1, _cores() // jobs))
     bar = tqdm(total=len(notebooks), desc="grading", unit="notebook", disable=not progress)
     results: list[Result | None] = [None] * len(notebooks)
     todo = list(range(len(notebooks)))
