@@ -223,11 +223,7 @@ class _F:
 """
 
 #: the graded function writes every part's observation itself, then ends the sandbox
-FORGED_FILES = {
-    "00": ("tensor_nbytes", "shape, dtype"),
-    "03": ("naive_estimate", "n"),
-    "10": ("design", "volume, budget_gib"),
-}
+FORGED_FILES = {"03": ("naive_estimate", "n")}
 
 
 def forged_files(nn_id: str) -> str:
@@ -262,7 +258,8 @@ def forged_class(tmp_path_factory):
         nbformat.write(nb, folder / f"{nn_id}_forged_files.ipynb")
     t0 = time.monotonic()
     results = grade_many([str(folder)], Options(cell_timeout=60), progress=False)
-    print(f"graded {len(results)} forged submissions in {time.monotonic() - t0:.0f} s")
+    print(f"graded {len(results)} forged submissions in {time.monotonic() - t0:.0f} s:",
+          {r.submission: r.seconds for r in results})
     return {r.submission: r for r in results}
 
 
@@ -272,8 +269,10 @@ def test_forged_observations_score_zero_in_the_grader(forged_class):
     expected = {f"{nn}_forged_observe.ipynb" for nn in E2E_FORGED_OBSERVE}
     expected |= {f"{nn}_forged_files.ipynb" for nn in FORGED_FILES}
     assert set(forged_class) == expected
+    won = {}
     for name, r in sorted(forged_class.items()):
         assert r.status == "graded", (name, r.status, r.notes)
-        won = [(p["key"], p["message"]) for p in r.parts if p["score"]]
-        assert r.score == 0 and not won, (name, won)
         assert len(r.parts) == len(exercise(name[:2]).parts), (name, r.parts)
+        if r.score or any(p["score"] for p in r.parts):
+            won[name] = f"{r.score}/{r.max_score}: " + ", ".join(p["key"] for p in r.parts if p["score"])
+    assert not won, f"forged observations won points: {won}"

@@ -305,8 +305,10 @@ class Exercise:
             result.checked = False
             result.message = "checked by your teacher's grader (its answer is not in the student release)"
         except Exception as err:  # noqa: BLE001 - the observation was not what the judge expects
-            result.message = (f"the result has the wrong form ({type(err).__name__}: "
-                              f"{str(err)[:MESSAGE_CHARS]})")
+            # (the judges check the form first: this is the last line of defence; a secret part's
+            # message keeps only the exception's type, which cannot hold the expected value)
+            detail = type(err).__name__ if part.secret else f"{type(err).__name__}: {str(err)[:MESSAGE_CHARS]}"
+            result.message = f"the result has the wrong form ({detail})"
         return result
 
     def run(self, keys: Iterable[str], objects: dict[str, Any], seed: int = 0,

@@ -82,7 +82,7 @@ def _config(d: dict, what: str) -> ex.Config:
 def designs(got, seed: int) -> list[dict]:
     """The observed designs, one per case the seed gives (same volume, same budget, same order)."""
     cases = design_cases(seed)
-    expect_list("design", got, len(cases), "designs (one per volume and budget)")
+    expect_list("design", got, len(cases), "design(s), one per volume and budget")
     for (volume, budget), case in zip(cases, got, strict=True):
         expect_keys(f"design({volume}, {budget})", case, ("volume", "budget", "config"))
         if not (same(case["volume"], list(volume)) and same(case["budget"], budget)):
