@@ -312,8 +312,10 @@ class Exercise:
             result.checked = False
             result.message = "checked by your teacher's grader (its answer is not in the student release)"
         except Exception as err:  # noqa: BLE001 - the observation was not what the judge expects
-            result.message = (f"the result has the wrong form ({type(err).__name__}: "
-                              f"{str(err)[:MESSAGE_CHARS]})")
+            # (the judges check the form first: this is the last line of defence; a secret part's
+            # message keeps only the exception's type, which cannot hold the expected value)
+            detail = type(err).__name__ if part.secret else f"{type(err).__name__}: {str(err)[:MESSAGE_CHARS]}"
+            result.message = f"the result has the wrong form ({detail})"
         return result
 
     def run(self, keys: Iterable[str], objects: dict[str, Any], seed: int = 0,
@@ -386,8 +388,32 @@ def fmt(v: Any) -> str:
     return f"{v:,}"
 
 
+def describe(v: Any) -> str:
+    """What an observed value is, for a message: its type and the start of its repr."""
+    if isinstance(v, torch.Tensor):
+        return f"a tensor of shape {tuple(v.shape)} ({v.dtype})"
+    if isinstance(v, (list, dict)):
+        return f"a {type(v).__name__} of {len(v)}"
+    return f"{type(v).__name__} {v!r:.60}"
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal data, types included: ``True`` is not ``1``, ``1.0`` is not ``1``, a list equals a list
+    (or tuple) of the same items, a tensor a tensor of the same shape, dtype and values."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                and a.dtype == b.dtype and bool(torch.equal(a, b)))
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        return (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b)
+                and all(same(x, y) for x, y in zip(a, b, strict=True)))
+    if isinstance(a, dict) or isinstance(b, dict):
+        return (isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys()
+                and all(same(a[k], b[k]) for k in a))
+    return type(a) is type(b) and a == b
+
+
 def expect_equal(label: str, got: Any, expected: Any, secret: bool = False) -> None:
-    if got != expected or isinstance(got, bool) != isinstance(expected, bool):
+    if not same(got, expected):
         if secret:
             raise CheckFailed(f"{label}: {fmt(got)} is not right")
         raise CheckFailed(f"{label}: expected {fmt(expected)}, got {fmt(got)}")
@@ -395,18 +421,113 @@ def expect_equal(label: str, got: Any, expected: Any, secret: bool = False) -> N
 
 def expect_int(label: str, got: Any) -> int:
     if isinstance(got, bool) or not isinstance(got, int):
-        raise CheckFailed(f"{label}: expected an int, got {type(got).__name__} {got!r:.80}")
+        raise CheckFailed(f"{label}: expected an int, got {describe(got)}")
+    return got
+
+
+def expect_bool(label: str, got: Any) -> bool:
+    if not isinstance(got, bool):
+        raise CheckFailed(f"{label}: expected True or False, got {describe(got)}")
+    return got
+
+
+def expect_str(label: str, got: Any) -> str:
+    if not isinstance(got, str):
+        raise CheckFailed(f"{label}: expected a string, got {describe(got)}")
+    return got
+
+
+def expect_float(label: str, got: Any) -> float:
+    """A finite Python float (an observation's ``float(...)``)."""
+    if not isinstance(got, float):
+        raise CheckFailed(f"{label}: expected a float, got {describe(got)}")
+    if got != got or got in (float("inf"), float("-inf")):
+        raise CheckFailed(f"{label}: is {got}")
+    return got
+
+
+# -- the observation's form: the judge trusts nothing it did not derive from the seed itself --------
+# An observation is made where the learner's code runs, so it may be incomplete or forged: every
+# judge checks its length, keys, types and tensor shapes against its own expectation (the inputs
+# recomputed from the seed) before it compares a value.
+def expect_list(label: str, got: Any, n: int | None = None, what: str = "items") -> list:
+    """``got`` is a list (of exactly ``n`` items when ``n`` is given)."""
+    if not isinstance(got, list):
+        raise CheckFailed(f"{label}: expected a list" + (f" of {n} {what}" if n is not None else "")
+                          + f", got {describe(got)}")
+    if n is not None and len(got) != n:
+        raise CheckFailed(f"{label}: expected {n} {what}, got {len(got)}")
+    return got
+
+
+def expect_keys(label: str, got: Any, keys: Iterable[str], what: str = "keys") -> dict:
+    """``got`` is a dict with exactly ``keys``: none missing, none extra."""
+    keys = list(keys)
+    if not isinstance(got, dict):
+        raise CheckFailed(f"{label}: expected a dict of {len(keys)} {what}, got {describe(got)}")
+    missing = [k for k in keys if k not in got]
+    extra = [k for k in got if k not in keys]
+    if missing:
+        raise CheckFailed(f"{label}: {len(missing)} of the {len(keys)} {what} missing: "
+                          f"{', '.join(map(str, missing))}")
+    if extra:
+        raise CheckFailed(f"{label}: unexpected {what}: {', '.join(repr(k)[:60] for k in extra[:5])}"
+                          + (f" (and {len(extra) - 5} more)" if len(extra) > 5 else "")
+                          + f"; expected exactly {', '.join(keys)}")
+    return got
+
+
+def expect_items(label: str, got: Any, inputs: list, width: int = 1, what: str = "inputs") -> list:
+    """``got`` is one row ``[*input, *values]`` per input of the judge's own list (same order, same
+    types: the inputs the seed gives); returns the values (a row's one value when ``width`` is 1).
+    An input is a value, or a tuple of values (the row's first items)."""
+    keys = [tuple(i) if isinstance(i, tuple) else (i,) for i in inputs]
+    shown = ", ".join(", ".join(fmt(v) for v in k) if len(k) == 1 else str(list(k)) for k in keys)
+    if not isinstance(got, list) or len(got) != len(keys):
+        n = len(got) if isinstance(got, list) else 0
+        covers = (f"covers {n} of the {len(keys)} {what}" if n < len(keys)
+                  else f"has {n} rows for the {len(keys)} {what}")
+        raise CheckFailed(f"{label}: the observation {covers} ({shown})"
+                          + ("" if isinstance(got, list) else f"; got {describe(got)}"))
+    values = []
+    for k, (row, key) in enumerate(zip(got, keys, strict=True)):
+        if not isinstance(row, list) or len(row) != len(key) + width:
+            raise CheckFailed(f"{label}: row {k + 1} is not [{what}, {width} value(s)]: {describe(row)}")
+        if not same(row[:len(key)], list(key)):
+            raise CheckFailed(f"{label}: row {k + 1} is for {row[:len(key)]!r:.80}, not for the seed's "
+                              f"{list(key)!r:.80}: the observation does not cover this seed's {what}")
+        values.append(row[len(key)] if width == 1 else row[len(key):])
+    return values
+
+
+def expect_tensor(label: str, got: Any, shape: Iterable[int] | None = None, dtype: torch.dtype | None = None,
+                  none_ok: bool = False) -> torch.Tensor | None:
+    """A dense tensor of exactly this shape and dtype (None: any), or None where ``none_ok``."""
+    if got is None and none_ok:
+        return None
+    if not isinstance(got, torch.Tensor):
+        raise CheckFailed(f"{label}: expected a tensor, got {describe(got)}")
+    if shape is not None and tuple(got.shape) != tuple(shape):
+        raise CheckFailed(f"{label}: expected shape {tuple(shape)}, got {tuple(got.shape)}")
+    if dtype is not None and got.dtype != dtype:
+        raise CheckFailed(f"{label}: expected dtype {dtype}, got {got.dtype}")
+    if got.layout != torch.strided:
+        raise CheckFailed(f"{label}: expected a dense tensor, got layout {got.layout}")
+    return got
+
+
+def expect_tensors(label: str, got: Any, like: list, none_ok: bool = False, what: str = "tensors") -> list:
+    """A list of tensors with the shapes and dtypes of the judge's own ``like`` (None allowed in
+    place of a tensor where ``none_ok``: a parameter that got no gradient)."""
+    expect_list(label, got, len(like), what)
+    for k, (g, e) in enumerate(zip(got, like, strict=True)):
+        expect_tensor(f"{label} {k}", g, e.shape, e.dtype, none_ok=none_ok)
     return got
 
 
 def expect_close(label: str, got: Any, expected: torch.Tensor, atol: float = 1e-5,
                  rtol: float = 1e-4) -> None:
-    if not isinstance(got, torch.Tensor):
-        raise CheckFailed(f"{label}: expected a tensor, got {type(got).__name__}")
-    if tuple(got.shape) != tuple(expected.shape):
-        raise CheckFailed(f"{label}: expected shape {tuple(expected.shape)}, got {tuple(got.shape)}")
-    if got.dtype != expected.dtype:
-        got = got.to(expected.dtype)
+    expect_tensor(label, got, expected.shape, expected.dtype)
     if not bool(torch.isfinite(got).all()):
         raise CheckFailed(f"{label}: contains NaN or inf")
     err = (got - expected).abs()
@@ -420,8 +541,9 @@ def expect_grads_close(label: str, got: list, expected: list, rel: float = 1e-4)
     """Gradients, compared with a tolerance relative to the largest reference gradient: a conv
     bias in front of BatchNorm has a true gradient of zero, and any two correct computations
     disagree there by rounding noise (see ``parallel.relative_error``)."""
-    if len(got) != len(expected):
-        raise CheckFailed(f"{label}: expected {len(expected)} gradients (one per parameter), got {len(got)}")
+    if not isinstance(got, list) or len(got) != len(expected):
+        raise CheckFailed(f"{label}: expected {len(expected)} gradients (one per parameter), got "
+                          + (f"{len(got)}" if isinstance(got, list) else describe(got)))
     scale = max((e.abs().max().item() for e in expected), default=1.0)
     for k, (g, e) in enumerate(zip(got, expected, strict=True)):
         if g is None:

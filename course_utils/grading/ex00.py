@@ -6,7 +6,7 @@ from typing import Callable
 
 import torch
 
-from .core import CheckFailed, Exercise, expect_equal, reference, seeded
+from .core import CheckFailed, Exercise, expect_equal, expect_int, expect_list, reference, seeded
 
 EX = Exercise("00", "A tensor's size, and new memory", names=("tensor_nbytes", "new_bytes"))
 
@@ -39,8 +39,11 @@ def _observe_nbytes(tensor_nbytes: Callable, seed: int, part: str) -> list:
 
 
 def _judge_nbytes(got: list, seed: int, part: str) -> None:
-    for (shape, dt), value in zip(_cases(seed, part), got, strict=True):
+    cases = _cases(seed, part)
+    expect_list("tensor_nbytes", got, len(cases), "answers (one per shape and dtype)")
+    for (shape, dt), value in zip(cases, got, strict=True):
         expected = torch.empty(shape, dtype=dt, device="meta").nbytes
+        expect_int(f"tensor_nbytes({shape}, {dt})", value)
         expect_equal(f"tensor_nbytes({shape}, {dt})", value, expected)
 
 
@@ -162,12 +165,12 @@ def _(new_bytes, seed):
 
 @NEW.judge
 def _(got, seed):
-    if len(got) != len(OPS):
-        raise CheckFailed(f"expected {len(OPS)} answers, got {len(got)}")
+    expect_list("new_bytes", got, len(OPS), "answers (one per operation)")
     wrong = []
     for k, ((name, fn), value) in enumerate(zip(OPS.items(), got, strict=True)):
+        expect_int(f"new_bytes({name})", value)
         expected = new_storage_bytes(fn, _input(seed, k))
-        if value != expected or isinstance(value, bool):
+        if value != expected:
             wrong.append(f"{name}: expected {expected:,} new bytes, got {value!r}")
     if wrong:
         raise CheckFailed(f"{len(wrong)} of {len(OPS)} wrong -- " + "; ".join(wrong))

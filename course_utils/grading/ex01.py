@@ -9,6 +9,7 @@ on the same input.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import torch
@@ -16,7 +17,8 @@ from torch import nn
 
 from .. import unet
 from ..unet import count_parameters
-from .core import CheckFailed, Exercise, expect_close, expect_equal, seeded
+from .core import (CheckFailed, Exercise, expect_close, expect_equal, expect_int, expect_keys, expect_list,
+                   expect_str, reference, seeded)
 
 EX = Exercise("01", "DoubleConv and Up", names=("DoubleConv", "Up"),
               refused={"course_utils.unet": ("DoubleConv", "Up")})
@@ -68,6 +70,13 @@ SEED000 = EX.part("seed000", "seed 000's two nets built from your blocks: exact 
                   ["DoubleConv", "Up"])
 
 DC_SIZES = ((1, 64), (64, 128), (512, 512))
+SEED000_NETS = ("large", "small")
+
+
+@reference
+@functools.lru_cache(maxsize=None)
+def _reference_count(block: str, *args: int) -> int:
+    return count_parameters(getattr(unet, block)(*args))
 
 
 @DC_PARAMS.observe
@@ -77,8 +86,10 @@ def _(DoubleConv, seed):
 
 @DC_PARAMS.judge
 def _(got, seed):
+    expect_list("DoubleConv parameter counts", got, len(DC_SIZES), "counts (one per block size)")
     for (a, b), n in zip(DC_SIZES, got, strict=True):
-        expect_equal(f"parameters of DoubleConv({a}, {b})", n, count_parameters(unet.DoubleConv(a, b)))
+        expect_int(f"parameters of DoubleConv({a}, {b})", n)
+        expect_equal(f"parameters of DoubleConv({a}, {b})", n, _reference_count("DoubleConv", a, b))
 
 
 @DC_VALUES.observe
@@ -88,15 +99,35 @@ def _(DoubleConv, seed):
     return {"layers": layers, "out": block(_dc_input(seed))}
 
 
+def _layers(got: dict, what: str) -> list:
+    """The observed [kind, index, parameter shapes] rows, checked for form."""
+    layers = expect_list(f"{what}: layers", got["layers"])
+    for k, lay in enumerate(layers):
+        expect_list(f"{what}: layer row {k + 1}", lay, 3, "items (kind, index, shapes)")
+        expect_str(f"{what}: layer row {k + 1} kind", lay[0])
+        expect_int(f"{what}: layer row {k + 1} index", lay[1])
+        for shape in expect_list(f"{what}: layer row {k + 1} shapes", lay[2]):
+            for v in expect_list(f"{what}: layer row {k + 1} shape", shape):
+                expect_int(f"{what}: layer row {k + 1} shape", v)
+    rows = [(lay[0], lay[1]) for lay in layers]
+    if len(set(rows)) != len(rows):
+        raise CheckFailed(f"{what}: a layer is listed twice")
+    return layers
+
+
 def _judge_values(got: dict, ref: nn.Module, expected: torch.Tensor, what: str, seed: int) -> None:
     ref_layers = set_weights(ref, seed)
-    kinds = [lay[0] for lay in got["layers"]]
+    expect_keys(what, got, ("layers", "out"))
+    layers = _layers(got, what)
+    kinds = [lay[0] for lay in layers]
     ref_kinds = [lay[0] for lay in ref_layers]
     for kind in ("Conv3d", "BatchNorm3d"):
         if kinds.count(kind) != ref_kinds.count(kind):
             raise CheckFailed(f"{what} has {kinds.count(kind)} {kind} layers; the block needs "
                               f"{ref_kinds.count(kind)}")
-    shapes = {(lay[0], lay[1]): lay[2] for lay in got["layers"]}
+    shapes = {(lay[0], lay[1]): lay[2] for lay in layers}
+    if set(shapes) != {(kind, k) for kind, k, _ in ref_layers}:
+        raise CheckFailed(f"{what}: the layers are not numbered 0, 1, ... in the order they were registered")
     for kind, k, ref_shapes in ref_layers:
         if shapes[(kind, k)] != ref_shapes:
             raise CheckFailed(f"{what}: {kind} number {k + 1} has parameters of shapes "
@@ -141,11 +172,19 @@ def _(Up, seed):
     return {"params": count_parameters(up), "shape": list(out.shape)}
 
 
+@reference
+@functools.lru_cache(maxsize=None)
+def _up_reference() -> tuple[int, list[int]]:
+    ref = unet.Up(96, 32)
+    return count_parameters(ref), list(ref(torch.randn(1, 64, 3, 4, 5), torch.randn(1, 32, 7, 9, 10)).shape)
+
+
 @UP_PARAMS.judge
 def _(got, seed):
-    ref = unet.Up(96, 32)
-    expect_equal("parameters of Up(96, 32)", got["params"], count_parameters(ref))
-    shape = list(ref(torch.randn(1, 64, 3, 4, 5), torch.randn(1, 32, 7, 9, 10)).shape)
+    expect_keys("Up(96, 32)", got, ("params", "shape"))
+    params, shape = _up_reference()
+    expect_int("parameters of Up(96, 32)", got["params"])
+    expect_equal("parameters of Up(96, 32)", got["params"], params)
     expect_equal("output shape of Up(96, 32) for a (1, 64, 3, 4, 5) input and a (1, 32, 7, 9, 10) skip",
                  got["shape"], shape)
 
@@ -162,16 +201,23 @@ def _seed000_count(DoubleConv, Up, variant: str) -> int:
     return total + count_parameters(unet.OutConv(below, 5))
 
 
+@reference
+@functools.lru_cache(maxsize=None)
+def _seed000_reference(variant: str) -> int:
+    return count_parameters(unet.seed000_unet(variant))
+
+
 @SEED000.observe
 def _(DoubleConv, Up, seed):
-    return {v: _seed000_count(DoubleConv, Up, v) for v in ("large", "small")}
+    return {v: _seed000_count(DoubleConv, Up, v) for v in SEED000_NETS}
 
 
 @SEED000.judge
 def _(got, seed):
-    for variant in ("large", "small"):
-        expect_equal(f"trainable parameters of the {variant} net", got[variant],
-                     count_parameters(unet.seed000_unet(variant)))
+    expect_keys("seed 000's nets", got, SEED000_NETS, "nets")
+    for variant in SEED000_NETS:
+        expect_int(f"trainable parameters of the {variant} net", got[variant])
+        expect_equal(f"trainable parameters of the {variant} net", got[variant], _seed000_reference(variant))
 
 
 def check_double_conv(DoubleConv, verbose: bool = True):

@@ -10,6 +10,7 @@ logger would read ``torch.cuda.memory_allocated``).
 
 from __future__ import annotations
 
+import functools
 import random
 
 import torch
@@ -17,7 +18,8 @@ from torch import nn
 
 from ..memory import SavedTensorMeter
 from ..unet import UNet3D
-from .core import CheckFailed, Exercise, expect_equal, reference, seeded, seeded_build
+from .core import (CheckFailed, Exercise, expect_equal, expect_int, expect_keys, expect_list, expect_str, reference,
+                   seeded, seeded_build)
 
 EX = Exercise("02", "A hook logger", names=("log_hooks", "biggest_saver"),
               refused={"course_utils.memory.hook_table": ("MemoryLog", "log_step")})
@@ -68,14 +70,23 @@ def reference_log_hooks(model, x, target, counter) -> list[tuple[str, str, int]]
 
 
 @reference
+@functools.lru_cache(maxsize=4)
 def reference_rows(seed: int) -> list:
     return run_logger(reference_log_hooks, seed)["rows"]
 
 
 def _rows(got) -> list[list]:
-    rows = got.get("rows") if isinstance(got, dict) else None
+    """The observed rows, checked for form: (module name, hook, bytes), as many as the reference
+    logger writes for this net (every hook of every leaf module fires once)."""
+    expect_keys("log_hooks", got, ("rows", "hooks_left"))
+    rows = got["rows"]
     if not isinstance(rows, list) or not all(isinstance(r, list) and len(r) == 3 for r in rows):
         raise CheckFailed("log_hooks must return a list of (module name, hook, bytes) rows")
+    for k, r in enumerate(rows):
+        expect_str(f"row {k}: the module name", r[0])
+        expect_str(f"row {k}: the hook", r[1])
+        expect_int(f"row {k}: the bytes (what counter() returned)", r[2])
+    expect_int("hooks left on the model", got["hooks_left"])
     return rows
 
 
@@ -99,7 +110,7 @@ def _(got, seed):
     if missing:
         raise CheckFailed(f"no row for the {', '.join(missing)} hook(s): register all four hooks on "
                           "every leaf module (a module with no children)")
-    for k, (a, b) in enumerate(zip(rows, ref, strict=True)):
+    for k, (a, b) in enumerate(zip(rows, ref, strict=False)):  # the count is checked below
         if a[:2] != b[:2]:
             raise CheckFailed(f"row {k}: expected {tuple(b[:2])}, got {tuple(a[:2])}")
     expect_equal("number of rows", len(rows), len(ref))
@@ -128,8 +139,11 @@ def _(log_hooks, seed):
 
 @CLEAN.judge
 def _(got, seed):
-    _rows(got)
-    if got.get("hooks_left") != 0:
+    rows, ref = _rows(got), reference_rows(seed)
+    if len(rows) != len(ref):  # a logger that registered no hook has nothing to remove
+        raise CheckFailed("the rows are not yet one per hook call (see the first part): register the "
+                          "four hooks on every leaf module, then remove them")
+    if got["hooks_left"] != 0:
         raise CheckFailed(f"{got.get('hooks_left')} hooks are still registered on the model after "
                           "log_hooks returned: keep the handles and call handle.remove()")
 
@@ -157,17 +171,20 @@ def synthetic_rows(seed: int, k: int) -> list[list]:
     return rows
 
 
+N_TABLES = 3
 BIGGEST = EX.part("biggest", "biggest_saver: the module whose forward added the most", 1, ["biggest_saver"])
 
 
 @BIGGEST.observe
 def _(biggest_saver, seed):
-    return [biggest_saver([tuple(r) for r in synthetic_rows(seed, k)]) for k in range(3)]
+    return [biggest_saver([tuple(r) for r in synthetic_rows(seed, k)]) for k in range(N_TABLES)]
 
 
 @BIGGEST.judge
 def _(got, seed):
+    expect_list("biggest_saver", got, N_TABLES, "answers (one per table)")
     for k, name in enumerate(got):
+        expect_str(f"table {k + 1}: biggest_saver", name)
         rows = synthetic_rows(seed, k)
         added = {r[0]: rows[i + 1][2] - r[2] for i, r in enumerate(rows) if r[1] == "pre"}
         best = max(added, key=added.get)

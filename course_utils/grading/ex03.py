@@ -10,7 +10,7 @@ from torch import nn
 
 from .. import limit_test
 from ..memory import GiB, MiB, largest_that_fits, predict_step
-from .core import CheckFailed, Exercise, answer, expect_equal, expect_int, reference, seeded
+from .core import CheckFailed, Exercise, answer, expect_equal, expect_int, expect_items, reference, seeded
 
 EX = Exercise("03", "The memory-limit test", names=("naive_estimate", "largest_n", "saved_formula",
                                                     "largest_n_sigmoid"),
@@ -62,15 +62,37 @@ NAIVE_NS = (50, 128, 400)
 FORMULA_NS = (8, 50, 333, 2000)
 
 
+def naive_ns(seed: int) -> list[int]:
+    """The volumes N the naive estimate is asked for (the sandbox and the judge)."""
+    return list(NAIVE_NS) + [int(torch.randint(10, 999, (1,), generator=seeded(seed, 30)))]
+
+
+def formula_ns(seed: int) -> list[int]:
+    """The volumes N the formula is asked for."""
+    return list(FORMULA_NS) + [int(torch.randint(10, 700, (1,), generator=seeded(seed, 33)))]
+
+
+def largest_budgets(seed: int) -> list[int]:
+    return _budgets(seed, 31, 200, 6000)
+
+
+def few_calls_budgets(seed: int) -> list[int]:
+    return _budgets(seed, 32, 200, 6000)
+
+
+def sigmoid_budgets(seed: int) -> list[int]:
+    return _budgets(seed, 34, 200, 6000)
+
+
 @NAIVE.observe
 def _(naive_estimate, seed):
-    ns = list(NAIVE_NS) + [int(torch.randint(10, 999, (1,), generator=seeded(seed, 30)))]
-    return [[n, naive_estimate(n)] for n in ns]
+    return [[n, naive_estimate(n)] for n in naive_ns(seed)]
 
 
 @NAIVE.judge
 def _(got, seed):
-    for n, value in got:
+    ns = naive_ns(seed)
+    for n, value in zip(ns, expect_items("naive_estimate", got, ns, what="volumes N"), strict=True):
         expect_int(f"naive_estimate({n})", value)
         if value != limit_test.naive_bytes(n):
             raise CheckFailed(f"naive_estimate({n}) = {value:,} bytes is not the seed's naive estimate "
@@ -112,26 +134,36 @@ def _learner_globals(fn) -> list[dict]:
     return [g] if isinstance(g, dict) else []
 
 
+def _searched(got, budgets: list[int]) -> list[tuple[int, int, int]]:
+    """The observed [budget, N, calls] rows for the judge's own budgets: (budget, N, calls)."""
+    rows = expect_items("largest_n", got, budgets, width=2, what="budgets")
+    for budget, (n, calls) in zip(budgets, rows, strict=True):
+        expect_int(f"largest_n({budget // MiB} MiB)", n)
+        if expect_int(f"the number of predictions largest_n({budget // MiB} MiB) asked for", calls) < 0:
+            raise CheckFailed(f"largest_n({budget // MiB} MiB): a negative number of predictions")
+    return [(b, n, c) for b, (n, c) in zip(budgets, rows, strict=True)]
+
+
 @LARGEST.observe
 def _(largest_n, seed):
-    return _count_calls(largest_n, _budgets(seed, 31, 200, 6000))
+    return _count_calls(largest_n, largest_budgets(seed))
 
 
 @LARGEST.judge
 def _(got, seed):
-    for budget, n, _ in got:
+    for budget, n, _ in _searched(got, largest_budgets(seed)):
         expect_int(f"largest_n({budget // MiB} MiB)", n)
         expect_equal(f"largest_n({budget // MiB} MiB)", n, largest_limit_test_n(budget))
 
 
 @FEW_CALLS.observe
 def _(largest_n, seed):
-    return _count_calls(largest_n, _budgets(seed, 32, 200, 6000))
+    return _count_calls(largest_n, few_calls_budgets(seed))
 
 
 @FEW_CALLS.judge
 def _(got, seed):
-    for budget, n, calls in got:
+    for budget, n, calls in _searched(got, few_calls_budgets(seed)):
         if n != largest_limit_test_n(budget):
             raise CheckFailed(f"largest_n({budget // MiB} MiB) is not right yet (see the part above)")
         if calls > 40:
@@ -141,8 +173,7 @@ def _(got, seed):
 
 @FORMULA.observe
 def _(saved_formula, seed):
-    ns = list(FORMULA_NS) + [int(torch.randint(10, 700, (1,), generator=seeded(seed, 33)))]
-    return [[n, saved_formula(n)] for n in ns]
+    return [[n, saved_formula(n)] for n in formula_ns(seed)]
 
 
 @answer
@@ -154,7 +185,8 @@ def sigmoid_saved(n: int) -> int:
 @FORMULA.judge
 def _(got, seed):
     wrong = []
-    for n, value in got:
+    ns = formula_ns(seed)
+    for n, value in zip(ns, expect_items("saved_formula", got, ns, what="volumes N"), strict=True):
         expect_int(f"saved_formula({n})", value)
         if value != sigmoid_saved(n):
             wrong.append(n)
@@ -165,12 +197,13 @@ def _(got, seed):
 
 @SIGMOID_N.observe
 def _(largest_n_sigmoid, seed):
-    return [[b, largest_n_sigmoid(b)] for b in _budgets(seed, 34, 200, 6000)]
+    return [[b, largest_n_sigmoid(b)] for b in sigmoid_budgets(seed)]
 
 
 @SIGMOID_N.judge
 def _(got, seed):
-    for budget, n in got:
+    budgets = sigmoid_budgets(seed)
+    for budget, n in zip(budgets, expect_items("largest_n_sigmoid", got, budgets, what="budgets"), strict=True):
         expect_int(f"largest_n_sigmoid({budget // MiB} MiB)", n)
         expect_equal(f"largest_n_sigmoid({budget // MiB} MiB)", n, largest_sigmoid_n(budget))
 

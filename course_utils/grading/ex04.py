@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .core import CheckFailed, Exercise, expect_close, reference, seeded, seeded_build
+from .core import (CheckFailed, Exercise, expect_bool, expect_close, expect_float, expect_keys, expect_list,
+                   expect_str, expect_tensor, expect_tensors, reference, seeded, seeded_build)
 
 EX = Exercise("04", "autocast and GradScaler", names=("amp_step",))
 
@@ -71,6 +72,29 @@ def fp32_gradient(seed: int) -> torch.Tensor:
     return fp32_step(seed)["grad"]
 
 
+WATCHED = ("loss_type", "loss", "dtypes", "raw_grad", "params", "scale", "updated")
+
+
+def watched(got, seed: int) -> dict:
+    """The observation of ``watch_step``, checked for form against the judge's own model: its
+    keys, the types, the weight gradient's and the parameters' shapes and dtypes."""
+    expect_keys("the observed step", got, WATCHED)
+    expect_str("the type of the returned loss", got["loss_type"])
+    if got["loss"] is not None:
+        expect_float("the returned loss", got["loss"])
+    for k, d in enumerate(expect_list("the dtypes the first Linear produced", got["dtypes"])):
+        expect_str(f"the dtype of the first Linear's output {k}", d)
+    if not got["dtypes"]:
+        raise CheckFailed("the model's forward did not run")
+    params = [p.detach() for p in _model(seed).parameters()]
+    expect_tensor("the first layer's raw weight gradient", got["raw_grad"], params[0].shape, params[0].dtype,
+                  none_ok=True)
+    expect_tensors("the parameters after the step", got["params"], params, what="parameters")
+    expect_float("the scale after the step", got["scale"])
+    expect_bool("scaler.update() was called", got["updated"])
+    return got
+
+
 RUNS = EX.part("runs", "runs and returns the loss as a Python float", 1, ["amp_step"])
 AUTOCAST = EX.part("autocast", "the forward runs under autocast float16", 1, ["amp_step"])
 SCALED = EX.part("scaled", "the loss is scaled before backward", 1, ["amp_step"])
@@ -85,8 +109,10 @@ def _(amp_step, seed):
 
 @RUNS.judge
 def _(got, seed):
+    watched(got, seed)
     if got["loss_type"] != "float":
-        raise CheckFailed(f"expected a Python float (loss.item()), got {got['loss_type']}")
+        raise CheckFailed(f"expected a Python float (loss.item()), got {got['loss_type']:.40}")
+    expect_float("the returned loss", got["loss"])
     ref = fp32_step(seed)
     if abs(got["loss"] - ref["loss"]) > 1e-3 * max(1.0, abs(ref["loss"])):
         raise CheckFailed(f"the returned loss {got['loss']:.5g} is not the batch's cross-entropy "
@@ -100,8 +126,7 @@ def _(amp_step, seed):
 
 @AUTOCAST.judge
 def _(got, seed):
-    if not got["dtypes"]:
-        raise CheckFailed("the model's forward did not run")
+    watched(got, seed)
     if got["dtypes"][0] != "torch.float16":
         raise CheckFailed(f"the first Linear produced {got['dtypes'][0]}: run the forward inside "
                           "torch.autocast(x.device.type, dtype=torch.float16)")
@@ -114,6 +139,7 @@ def _(amp_step, seed):
 
 @SCALED.judge
 def _(got, seed):
+    watched(got, seed)
     if got["raw_grad"] is None:
         raise CheckFailed("no gradient reached the weights: was backward called?")
     expected = fp32_gradient(seed)
@@ -131,6 +157,7 @@ def _(amp_step, seed):
 
 @STEP.judge
 def _(got, seed):
+    watched(got, seed)
     ref = fp32_step(seed)
     for k, (p, e) in enumerate(zip(got["params"], ref["params"], strict=True)):
         expect_close(f"parameter {k} after the step", p, e, atol=1e-4, rtol=1e-2)
@@ -145,6 +172,7 @@ def _(amp_step, seed):
 
 @OVERFLOW.judge
 def _(got, seed):
+    watched(got, seed)
     before = _model(seed)
     if not all(torch.isfinite(p).all() for p in got["params"]):
         raise CheckFailed("the parameters became inf/NaN: the gradients overflowed, and a step through "

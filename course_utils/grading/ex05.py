@@ -11,7 +11,7 @@ from torch import nn
 
 from ..memory import predict_step
 from ..unet import UNet3D, bn_relu, bn_relu_inplace
-from .core import CheckFailed, Exercise, answer, expect_close, reference
+from .core import CheckFailed, Exercise, answer, expect_close, expect_keys, reference
 
 EX = Exercise("05", "In-place ReLU", names=("answers", "fixed", "where_is_the_peak", "inplace_lowers_peak"))
 
@@ -58,9 +58,7 @@ def _(answers, seed):
 
 @ANSWERS.judge
 def _(got, seed):
-    missing = sorted(set(PRECEDING_OPS) - set(got))
-    if missing:
-        raise CheckFailed(f"answer every op; missing: {missing}")
+    expect_keys("answers(): answer every op and only those", got, PRECEDING_OPS, "ops")
     not_bool = sorted(k for k in PRECEDING_OPS if not isinstance(got[k], bool))
     if not_bool:
         raise CheckFailed(f"answer True or False; not a bool for: {not_bool}")
@@ -87,6 +85,7 @@ def _(fixed, seed):
 
 @FIXED.judge
 def _(got, seed):
+    expect_keys("fixed", got, ("y", "grad"))
     x = torch.randn(7, generator=torch.Generator().manual_seed(seed % 2**31))
     s = torch.sigmoid(x)
     expect_close("fixed(x)", got["y"], 2 * s)
@@ -142,6 +141,7 @@ def _(where_is_the_peak, seed):
 
 @PEAK.judge
 def _(got, seed):
+    expect_keys("where_is_the_peak", got, NETS, "nets")
     for name in NETS:
         answer = got.get(name)
         if not (isinstance(answer, list) and len(answer) == 2 and all(isinstance(a, str) for a in answer)):
@@ -179,6 +179,7 @@ def _(inplace_lowers_peak, seed):
 
 @LOWERS.judge
 def _(got, seed):
+    expect_keys("inplace_lowers_peak", got, NETS, "nets")
     wrong = []
     for name in NETS:
         expected = peak_of(name, True)[2] < peak_of(name, False)[2]

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..inplace_abn import InPlaceABNFunction
-from .core import CheckFailed, Exercise, expect_close, reference, seeded
+from .core import CheckFailed, Exercise, expect_close, expect_list, reference, seeded
 
 EX = Exercise("06", "The In-Place ABN backward", names=("abn_backward",),
               refused={"course_utils.inplace_abn": ("InPlaceABNFunction.backward",)})
@@ -65,6 +65,7 @@ def autograd_gradients(case: dict) -> list[torch.Tensor]:
 
 
 def _judge_case(got: list, case: dict, what: str) -> None:
+    expect_list(f"{what}: abn_backward", got, 3, "gradients (dx, dweight, dbias)")
     for name, g, e in zip(("dx", "dweight", "dbias"), got, autograd_gradients(case), strict=True):
         expect_close(f"{what}: {name}", g, e, atol=1e-8, rtol=1e-6)
 
@@ -143,6 +144,7 @@ def _(got, seed):
         bn.bias.copy_(b)
     x1 = x.clone().requires_grad_()
     act(bn(x1)).sum().backward()
+    expect_list("the gradients through InPlaceABN", got, 3, "gradients (input, weight, bias)")
     if any(g is None for g in got):
         raise CheckFailed("a gradient is None: return (dx, dweight, dbias)")
     for name, g, e in zip(("d input", "d weight", "d bias"), got, (x1.grad, bn.weight.grad, bn.bias.grad), strict=True):

@@ -13,7 +13,8 @@ from ..checkpointing import SegmentedStack, checkpointed, deep_stack
 from ..memory import SavedTensorMeter, predict_step
 from ..unet import UNet3D
 from .core import (CheckFailed, Exercise, answer, expect_close, expect_equal, expect_grads_close, expect_int,
-                   reference, seeded, seeded_build)
+                   expect_items, expect_keys, expect_list, expect_str, expect_tensor, expect_tensors, reference,
+                   seeded, seeded_build)
 
 EX = Exercise("07", "Checkpointing", names=("encoder_forward", "best_segments", "checkpoint_plan"),
               refused={"course_utils.parallel.pipeline": ("EncoderStage",)})
@@ -68,8 +69,30 @@ for _part in (SKIPS, GRADS, LESS, BN):  # each part judges its own figures of th
     _part.observe(run_encoder)
 
 
+def encoded(got, seed: int) -> dict:
+    """``run_encoder``'s observation, checked for form against the judge's own run of the plain
+    encoder: its keys, one gradient per encoder parameter (None: no gradient), the saved bytes,
+    one count and one running mean/variance per BatchNorm. The skips are the learner's return
+    value: the skips part checks their number and shapes."""
+    ref = encoder_reference(seed)
+    expect_keys("the observed encoder run", got, ref)
+    for k, s in enumerate(expect_list("encoder_forward's skip tensors", got["skips"])):
+        expect_tensor(f"skip {k}", s, dtype=torch.float32)
+    expect_tensors("gradient of encoder parameter", got["grads"], ref["grads"], none_ok=True, what="gradients")
+    if expect_int("saved-for-backward bytes", got["saved"]) < 0:
+        raise CheckFailed(f"saved-for-backward bytes: {got['saved']:,} is negative")
+    expect_list("batches counted by the encoder's BatchNorms", got["bn_batches"], len(ref["bn_batches"]),
+                "counts (one per BatchNorm)")
+    for k, n in enumerate(got["bn_batches"]):
+        expect_int(f"batches counted by BatchNorm {k}", n)
+    expect_tensors("BatchNorm running mean and variance", got["bn_running"], ref["bn_running"],
+                   what="BatchNorms")
+    return got
+
+
 @SKIPS.judge
 def _(got, seed):
+    encoded(got, seed)
     ref = encoder_reference(seed)
     expect_equal("number of skip tensors", len(got["skips"]), len(ref["skips"]))
     for k, (a, b) in enumerate(zip(got["skips"], ref["skips"], strict=True)):
@@ -78,6 +101,7 @@ def _(got, seed):
 
 @GRADS.judge
 def _(got, seed):
+    encoded(got, seed)
     ref = encoder_reference(seed)
     if any(g is None for g in got["grads"]):
         raise CheckFailed("some encoder parameters got no gradient: is every block still in the graph?")
@@ -86,6 +110,7 @@ def _(got, seed):
 
 @LESS.judge
 def _(got, seed):
+    encoded(got, seed)
     ref = encoder_reference(seed)
     if not got["saved"] < 0.5 * ref["saved"]:
         raise CheckFailed(f"saved {got['saved']:,} bytes for backward, {ref['saved']:,} without "
@@ -95,8 +120,8 @@ def _(got, seed):
 
 @BN.judge
 def _(got, seed):
+    encoded(got, seed)
     ref = encoder_reference(seed)
-    expect_equal("number of BatchNorms in the encoder", len(got["bn_batches"]), len(ref["bn_batches"]))
     twice = sum(n > 1 for n in got["bn_batches"])
     if twice:
         raise CheckFailed(f"{twice} of {len(got['bn_batches'])} BatchNorms counted "
@@ -141,8 +166,11 @@ def _(best_segments, seed):
 
 @SEGMENTS.judge
 def _(got, seed):
-    for n, s in got:
+    for n, s in zip(SEGMENT_NS, expect_items("best_segments", got, list(SEGMENT_NS), what="layer counts"),
+                    strict=True):
         expect_int(f"best_segments({n})", s)
+        if s < 1:
+            raise CheckFailed(f"best_segments({n}) = {s} is not a number of segments")
         if n % s:
             raise CheckFailed(f"best_segments({n}) = {s} does not divide {n}")
         if s not in best_segment_count(n):
@@ -199,11 +227,17 @@ def saved_bytes_with(blocks) -> int:
 
 
 def plan_budgets(seed: int) -> list[int]:
-    """Two budgets between the fully checkpointed and the plain net's saved bytes."""
+    """Two budgets between the fully checkpointed and the plain net's saved bytes (the sandbox
+    and the judge)."""
+    return list(_plan_budgets(seed))
+
+
+@functools.lru_cache(maxsize=8)
+def _plan_budgets(seed: int) -> tuple[int, ...]:
     low, high = saved_bytes_with(BLOCKS), saved_bytes_with(())
     g = seeded(seed, 72)
     fracs = sorted(float(v) for v in torch.rand(2, generator=g) * 0.6 + 0.15)
-    return [int(low + f * (high - low)) for f in fracs]
+    return tuple(int(low + f * (high - low)) for f in fracs)
 
 
 @reference
@@ -236,9 +270,14 @@ def _(checkpoint_plan, seed):
 
 @PLAN.judge
 def _(got, seed):
-    for budget, plan in got:
+    budgets = plan_budgets(seed)
+    for budget, plan in zip(budgets, expect_items("checkpoint_plan", got, budgets, what="budgets"), strict=True):
         if not isinstance(plan, list):
-            raise CheckFailed(f"checkpoint_plan({budget:,}) must return a list of block names, got {plan}")
+            raise CheckFailed(f"checkpoint_plan({budget:,}) must return a list of block names, got {plan!r:.80}")
+        for name in plan:
+            expect_str(f"checkpoint_plan({budget:,}): a block name", name)
+        if len(set(plan)) != len(plan):
+            raise CheckFailed(f"checkpoint_plan({budget:,}) names a block twice: {plan}")
         unknown = sorted(set(plan) - set(BLOCKS))
         if unknown:
             raise CheckFailed(f"unknown block names {unknown}; the blocks are {list(BLOCKS)}")

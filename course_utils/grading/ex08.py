@@ -6,12 +6,14 @@ sends the function's *source* to them (``parallel.source_worker``)."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 import textwrap
 
 from .. import parallel
-from .core import CheckFailed, Exercise, expect_equal, expect_grads_close, reference
+from .core import (CheckFailed, Exercise, expect_grads_close, expect_int, expect_items, expect_keys, expect_list,
+                   expect_str, expect_tensor, expect_tensors, reference)
 
 EX = Exercise("08", "Data parallel", names=("ddp_step", "accumulate_grads"),
               refused={"course_utils.parallel.data_parallel": ("ddp_worker", "accumulated_grads"),
@@ -23,6 +25,7 @@ EX = Exercise("08", "Data parallel", names=("ddp_step", "accumulate_grads"),
 #: margin is 2; seed 4's fp32 is off by 3e-3 through one changed branch). Tested.
 DDP_CONFIG = {"norm": "gn", "global_batch": 4, "seed": 5}
 ACC_CONFIG = {"norm": "gn", "global_batch": 8}
+ACC_MICRO_BATCHES = (2, 4)
 WORLD = 2
 
 
@@ -80,9 +83,22 @@ ACCUMULATE = EX.part("accumulate", "accumulate_grads: micro-batches give the who
 
 
 def _ranks(got: dict) -> list[dict]:
-    if "error" in got:
-        raise CheckFailed(f"a rank failed: {root_cause(got['error'])}")
-    return got["ranks"]
+    """The ranks' results, checked for form: one per rank, in rank order, each with its gradients
+    (the grads part checks them against the reference) and the batch sizes its model saw."""
+    if isinstance(got, dict) and "error" in got:
+        expect_keys("the failed launch", got, ("error",))
+        raise CheckFailed(f"a rank failed: {root_cause(expect_str('the launch error', got['error']))}")
+    expect_keys("the launch's result", got, ("ranks",))
+    ranks = expect_list("ranks that returned a result", got["ranks"], WORLD, "ranks")
+    for k, r in enumerate(ranks):
+        expect_keys(f"rank {k}'s result", r, ("rank", "grads", "batch_seen"))
+        if expect_int(f"rank {k}'s number", r["rank"]) != k:
+            raise CheckFailed(f"the results are not one per rank 0..{WORLD - 1}: result {k} is rank {r['rank']}")
+        for j, g in enumerate(expect_list(f"rank {k}'s gradients", r["grads"])):
+            expect_tensor(f"rank {k}, gradient {j}", g)
+        for n in expect_list(f"the batch sizes rank {k}'s model saw", r["batch_seen"]):
+            expect_int(f"a batch size rank {k}'s model saw", n)
+    return ranks
 
 
 @RUNS.observe
@@ -92,8 +108,7 @@ def _(ddp_step, seed):
 
 @RUNS.judge
 def _(got, seed):
-    ranks = _ranks(got)
-    expect_equal("ranks that returned a result", len(ranks), WORLD)
+    _ranks(got)
 
 
 @SHARD.observe
@@ -113,7 +128,13 @@ def _(got, seed):
 
 @reference
 def full_batch_grads(config: dict) -> list:
-    return parallel.single_process_grads(config)
+    return _full_batch_grads(tuple(sorted(config.items())))
+
+
+@reference
+@functools.lru_cache(maxsize=4)
+def _full_batch_grads(config: tuple) -> list:
+    return parallel.single_process_grads(dict(config))
 
 
 @GRADS.observe
@@ -132,7 +153,7 @@ def _(got, seed):
 @ACCUMULATE.observe
 def _(accumulate_grads, seed):
     out = []
-    for m in (2, 4):
+    for m in ACC_MICRO_BATCHES:
         net = parallel.build_net(ACC_CONFIG)
         x, y = parallel.global_batch(ACC_CONFIG)
         grads = accumulate_grads(net, x, y, m)
@@ -143,11 +164,14 @@ def _(accumulate_grads, seed):
 @ACCUMULATE.judge
 def _(got, seed):
     ref = full_batch_grads(ACC_CONFIG)
-    for m, grads in got:
+    rows = expect_items("accumulate_grads", got, list(ACC_MICRO_BATCHES), what="micro-batch counts")
+    for m, grads in zip(ACC_MICRO_BATCHES, rows, strict=True):
+        expect_list(f"accumulate_grads with {m} micro-batches", grads, what="gradients")
         if len(grads) != len(ref):
             raise CheckFailed(f"{m} micro-batches: expected {len(ref)} gradients, got {len(grads)}")
         if any(g is None for g in grads):
             raise CheckFailed(f"{m} micro-batches: a gradient is None: return [p.grad for p in model.parameters()]")
+        expect_tensors(f"{m} micro-batches, gradient", grads, ref, what="gradients")
         ratio = (grads[0].norm() / ref[0].norm()).item()
         if abs(ratio - m) < 0.05 * m:
             raise CheckFailed(f"{m} micro-batches: the gradients are {m} x too large: each micro-batch's "

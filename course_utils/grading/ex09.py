@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..unet import UNet3D, level_shapes, seed000_unet
-from .core import (CheckFailed, Exercise, expect_close, expect_equal, expect_grads_close, expect_int, reference,
-                   seeded, seeded_build)
+from .core import (CheckFailed, Exercise, expect_close, expect_equal, expect_grads_close, expect_int, expect_items,
+                   expect_keys, expect_tensor, reference, seeded, seeded_build)
 
 EX = Exercise("09", "Model parallel", names=("split_unet", "boundary_bytes"),
               refused={"course_utils.parallel.pipeline": ("EncoderStage", "DecoderStage", "TwoStageUNet")})
@@ -34,6 +36,7 @@ def run_split(split_unet, seed: int) -> dict:
 
 
 @reference
+@functools.lru_cache(maxsize=4)
 def unsplit(seed: int) -> dict:
     net = _net(seed)
     out = net(_input(seed))
@@ -48,6 +51,21 @@ BOUNDARY = EX.part("boundary", "boundary_bytes: the bytes that cross the cut in 
                    ["boundary_bytes"])
 
 
+def split_observed(got, seed: int) -> dict:
+    """``run_split``'s observation, checked for form: three counts, the output, and one gradient
+    (or None) per parameter of the judge's own net, by name, with its shape and dtype."""
+    expect_keys("the observed split", got, ("shared", "covered", "total", "out", "grads"))
+    for key in ("shared", "covered", "total"):
+        if expect_int(f"the number of parameters ({key})", got[key]) < 0:
+            raise CheckFailed(f"the number of parameters ({key}) is negative")
+    expect_tensor("stage2(stage1(x))", got["out"])
+    params = dict(_net(seed).named_parameters())
+    expect_keys("the gradients", got["grads"], params, "parameters")
+    for name, p in params.items():
+        expect_tensor(f"the gradient of {name}", got["grads"][name], p.shape, p.dtype, none_ok=True)
+    return got
+
+
 @DISJOINT.observe
 def _(split_unet, seed):
     return run_split(split_unet, seed)
@@ -55,9 +73,13 @@ def _(split_unet, seed):
 
 @DISJOINT.judge
 def _(got, seed):
+    split_observed(got, seed)
+    # the counts are the learner's stages' parameters; the net's own count is the judge's
+    total = len(list(_net(seed).parameters()))
+    expect_equal("parameters of the net", got["total"], total)
     if got["shared"]:
         raise CheckFailed(f"{got['shared']} parameters are in both stages")
-    expect_equal("parameters in the two stages together", got["covered"], got["total"])
+    expect_equal("parameters in the two stages together", got["covered"], total)
 
 
 @OUTPUT.observe
@@ -67,6 +89,7 @@ def _(split_unet, seed):
 
 @OUTPUT.judge
 def _(got, seed):
+    split_observed(got, seed)
     expect_close("output", got["out"], unsplit(seed)["out"])
 
 
@@ -77,6 +100,7 @@ def _(split_unet, seed):
 
 @GRADS.judge
 def _(got, seed):
+    split_observed(got, seed)
     ref = unsplit(seed)["grads"]
     for n in ref:
         if got["grads"].get(n) is None:
@@ -106,10 +130,14 @@ def _build(case: dict):
         return UNet3D(levels=case["levels"], channels=8)
 
 
+def _case_input(case: dict) -> tuple:
+    """What a row of the observation names: the net, the input shape, the dtype."""
+    return case["net"], case["shape"], case["dtype"]
+
+
 @BOUNDARY.observe
 def _(boundary_bytes, seed):
-    return [[c["net"], c["shape"], c["dtype"],
-             boundary_bytes(_build(c), tuple(c["shape"]), getattr(torch, c["dtype"]))]
+    return [[*_case_input(c), boundary_bytes(_build(c), tuple(c["shape"]), getattr(torch, c["dtype"]))]
             for c in boundary_cases(seed)]
 
 
@@ -124,7 +152,10 @@ def reference_boundary(case: dict) -> int:
 
 @BOUNDARY.judge
 def _(got, seed):
-    for case, (name, shape, dtype, value) in zip(boundary_cases(seed), got, strict=True):
+    cases = boundary_cases(seed)
+    values = expect_items("boundary_bytes", got, [_case_input(c) for c in cases], what="nets and inputs")
+    for case, value in zip(cases, values, strict=True):
+        name, shape, dtype = _case_input(case)
         expect_int(f"boundary_bytes({name}, {tuple(shape)}, {dtype})", value)
         expect_equal(f"boundary_bytes({name}, {tuple(shape)}, {dtype})", value, reference_boundary(case))
 

@@ -13,7 +13,7 @@ import functools
 import torch
 
 from .. import explorer as ex
-from .core import CheckFailed, Exercise, answer, expect_equal, seeded
+from .core import CheckFailed, Exercise, answer, describe, expect_equal, expect_keys, expect_list, same, seeded
 
 EX = Exercise("10", "Design a configuration", names=("design",))
 
@@ -59,17 +59,41 @@ def _observe(design, seed: int) -> list:
     return out
 
 
-def _config(d: dict) -> ex.Config:
-    fields = {f.name for f in dataclasses.fields(ex.Config)}
-    if set(d) != fields:
-        raise CheckFailed("not an explorer.Config")
-    d = dict(d, volume=tuple(d["volume"]))
-    return ex.Config(**d)
+def _config(d: dict, what: str) -> ex.Config:
+    """The observed ``dataclasses.asdict(Config)``, checked for form: every field, each of its
+    default's type (the volume: three ints)."""
+    default = dataclasses.asdict(ex.Config())
+    expect_keys(f"{what}: the explorer.Config", d, default, "fields")
+    for name, value in default.items():
+        if isinstance(value, (list, tuple)):
+            if not (isinstance(d[name], list) and len(d[name]) == len(value)
+                    and all(type(v) is int for v in d[name])):
+                raise CheckFailed(f"{what}: Config.{name} must be {len(value)} ints, got {describe(d[name])}")
+        elif type(d[name]) is not type(value):
+            kind = {"bool": "True or False", "int": "an int", "str": "a string"}.get(type(value).__name__, "")
+            raise CheckFailed(f"{what}: Config.{name} must be {kind or type(value).__name__}, "
+                              f"got {describe(d[name])}")
+    try:
+        return ex.Config(**dict(d, volume=tuple(d["volume"])))
+    except ValueError as err:
+        raise CheckFailed(f"{what}: not a valid configuration: {err}") from None
+
+
+def designs(got, seed: int) -> list[dict]:
+    """The observed designs, one per case the seed gives (same volume, same budget, same order)."""
+    cases = design_cases(seed)
+    expect_list("design", got, len(cases), "design(s), one per volume and budget")
+    for (volume, budget), case in zip(cases, got, strict=True):
+        expect_keys(f"design({volume}, {budget})", case, ("volume", "budget", "config"))
+        if not (same(case["volume"], list(volume)) and same(case["budget"], budget)):
+            raise CheckFailed(f"the observation is for design({case['volume']!r:.40}, {case['budget']!r:.20}), "
+                              f"not for the seed's design({volume}, {budget})")
+    return got
 
 
 def _valid(case: dict) -> ex.Config:
-    cfg = _config(case["config"])
     what = f"design({tuple(case['volume'])}, {case['budget']})"
+    cfg = _config(case["config"], what)
     expect_equal(f"{what}: volume", tuple(cfg.volume), tuple(case["volume"]))
     expect_equal(f"{what}: budget_gib", cfg.budget_gib, case["budget"])
     expect_equal(f"{what}: (levels, base_channels, seed000)", (cfg.levels, cfg.base_channels, cfg.seed000),
@@ -97,7 +121,7 @@ def _(design, seed):
 
 @VALID.judge
 def _(got, seed):
-    for case in got:
+    for case in designs(got, seed):
         _valid(case)
 
 
@@ -108,7 +132,7 @@ def _(design, seed):
 
 @BEATS.judge
 def _(got, seed):
-    for case in got:
+    for case in designs(got, seed):
         cfg = _valid(case)
         mine = ex.estimate(cfg).largest_batch
         base = ex.estimate(baseline(cfg.volume, cfg.budget_gib)).largest_batch
@@ -124,7 +148,7 @@ def _(design, seed):
 
 @BEST.judge
 def _(got, seed):
-    for case in got:
+    for case in designs(got, seed):
         cfg = _valid(case)
         mine = ex.estimate(cfg).largest_batch
         if mine < best_batch(tuple(cfg.volume), cfg.budget_gib):
