@@ -293,7 +293,7 @@ def _(got, seed):
 
 def check_encoder(encoder_forward, verbose: bool = True):
     """Instant feedback on your ``encoder_forward``."""
-    return EX.run(["skips", "grads", "less"], {"encoder_forward": encoder_forward}, verbose=verbose)
+    return EX.run(["skips", "grads", "less", "bn"], {"encoder_forward": encoder_forward}, verbose=verbose)
 
 
 def check_segments(best_segments, verbose: bool = True):
