@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import sys
 import warnings
@@ -441,8 +442,8 @@ def expect_float(label: str, got: Any) -> float:
     """A finite Python float (an observation's ``float(...)``)."""
     if not isinstance(got, float):
         raise CheckFailed(f"{label}: expected a float, got {describe(got)}")
-    if got != got or got in (float("inf"), float("-inf")):
-        raise CheckFailed(f"{label}: is {got}")
+    if not math.isfinite(got):
+        raise CheckFailed(f"{label}: {got} is not a finite number")
     return got
 
 
