@@ -40,7 +40,7 @@ test: lint
 	$(BIN)/python -m pytest -q $(XDIST)
 
 # the grader end to end: a class of cheating submissions, real nbgrader, and every solution notebook
-# executed top to bottom (its check_* cells grade it in the kernel) (about 6-8 minutes)
+# executed top to bottom (its check_* cells grade it in the kernel) (14 min of CPU time, more wall time on a loaded machine)
 test-grader: install
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[grading]"
 	$(BIN)/python -m pytest -q -m grader tests

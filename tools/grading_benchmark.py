@@ -138,6 +138,10 @@ def render() -> str:
             lines.append(f"| {r['label'] or r['commit']} | `{' '.join(r['options']) or '(defaults)'}` | "
                          f"{r['load_before']} -> {r['load_after']} | {r['wall_s'] / 60:.1f} min | "
                          f"{r['wall_s'] / r['submissions']:.1f} s |")
+        if len(runs) > 1:
+            walls = sorted(r["wall_s"] for r in runs)
+            lines += ["", f"The fastest grader takes {walls[0] / walls[-1]:.2f} of the slowest's time on the same class "
+                      "(runs recorded on the same day ran side by side, sharing the machine: compare them as a ratio)."]
     lines.append(END)
     return "\n".join(lines)
 
