@@ -29,6 +29,8 @@ One concept a module (tests/test_layout.py checks that every module is listed he
 * ``benchmark``      -- every technique on seed 000's U-Net, predicted and (on a GPU) measured
 * ``gpu_report``     -- the GPU kit: one command runs the course on a CUDA GPU and records it
 * ``readme``         -- README's figures, computed, and its generated tables
+* ``hosted``         -- the course on a hosted GPU notebook: the notebooks' setup cell, what a T4
+                        runs (predicted), ``make dist`` (the wheel and the learner's zip)
 * ``scaffold``       -- a new notebook with its exercise from ``templates/``; the course's layout checks
 * ``grading``        -- (a package) the exercises' checks (one module each), generator, student
                         release, grader
@@ -41,14 +43,12 @@ from .config import PRESETS, CourseSetup, Preset, setup
 from .data import CLASS_NAMES, N_CLASSES, SyntheticVolumes, make_volume
 from .memory import (
     MiB,
-    MemoryLog,
     Prediction,
     SavedTensorMeter,
     catch_oom,
     cuda_peak,
     explain_oom,
     largest_that_fits,
-    log_step,
     mib,
     predict_step,
     saved_tensors,
@@ -56,6 +56,16 @@ from .memory import (
 )
 from .train import dice_score, train, train_step
 from .unet import DoubleConv, Down, OutConv, UNet3D, Up, count_parameters, seed000_unet
+
+
+def __getattr__(name: str):
+    # MemoryLog and log_step load PyTorch's MemTracker on first use (course_utils.memory)
+    if name in ("MemoryLog", "log_step"):
+        from . import memory
+
+        return getattr(memory, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "PRESETS", "CourseSetup", "Preset", "setup",

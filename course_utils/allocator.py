@@ -396,14 +396,273 @@ def plot_segments(alloc: SimulatedAllocator, ax=None, title: str = "", largest: 
     return ax
 
 
-def show_snapshot(path: str | Path, height: int = 600):
-    """PyTorch's own memory_viz page for a snapshot, rendered inside the notebook."""
-    import html
+# --------------------------------------------------------------------------------------------
+# A memory snapshot, drawn by the course (no viewer script, no network): the active-memory
+# timeline of torch.cuda.memory._snapshot()'s trace
+# --------------------------------------------------------------------------------------------
+#: the trace events that change what is live: an allocation, and the free that completes it
+#: (``free_requested`` comes first; the block stays live until the stream is done with it)
+_LIVE_ACTIONS = ("alloc", "free_completed")
 
-    from IPython.display import HTML
-    from torch.cuda._memory_viz import trace_plot
 
-    with open(path, "rb") as f:
-        page = trace_plot(pickle.load(f))
-    return HTML(f'<iframe srcdoc="{html.escape(page)}" width="100%" height="{height}" '
-                'style="border:1px solid #ccc"></iframe>')
+@dataclass
+class Allocation:
+    """One allocation of a snapshot's trace: its bytes, where it was made (``frames``, innermost
+    first, as the snapshot stores them) and when it was live, in the timeline's x (``start`` to
+    ``end``, excluded); ``preexisting``: live before the trace began."""
+
+    addr: int
+    size: int
+    start: int
+    end: int
+    frames: list[dict[str, Any]]
+    preexisting: bool = False
+
+    def where(self) -> str:
+        """The innermost frame outside torch's own code (``unet.py:57 forward``), else the first."""
+        def fmt(f: dict[str, Any]) -> str:
+            if not f.get("filename"):  # a frame that only names the tensor (cpu_snapshot's weights)
+                return str(f.get("name", "?"))
+            return f"{Path(str(f['filename'])).name}:{f.get('line', '?')} {f.get('name', '?')}"
+        frames = [f for f in self.frames if isinstance(f, dict)]
+        ours = [f for f in frames if not f.get("filename") or (
+            "/torch/" not in str(f["filename"]).replace("\\", "/") and str(f["filename"]).endswith(".py"))]
+        return fmt((ours or frames)[0]) if (ours or frames) else "(no stack recorded)"
+
+
+@dataclass
+class ActiveTimeline:
+    """What ``active_timeline`` computes: ``total[x]`` bytes live at x (x = 0 before the first
+    event, x = i + 1 after the trace's i-th alloc / free_completed event), every allocation, and
+    each allocation's ``bands``: ``(x, offset)`` points where its place in the stack (the bytes of
+    the live allocations made before it) changes."""
+
+    total: list[int]
+    allocations: list[Allocation]
+    bands: list[list[tuple[int, int]]]
+    device: int
+
+    def offset(self, i: int, x: int) -> int:
+        """Where allocation ``i`` starts in the stack at ``x`` (it must be live at x)."""
+        a = self.allocations[i]
+        if not a.start <= x < a.end:
+            raise ValueError(f"allocation {i} is live from x={a.start} to {a.end}, not at x={x}")
+        return [off for px, off in self.bands[i] if px <= x][-1]
+
+
+def _load_snapshot(snapshot: dict[str, Any] | str | Path) -> dict[str, Any]:
+    if isinstance(snapshot, (str, Path)):
+        with open(snapshot, "rb") as f:
+            snapshot = pickle.load(f)
+    if not isinstance(snapshot, dict) or "device_traces" not in snapshot:
+        raise ValueError("not a memory snapshot: expected the dict torch.cuda.memory._snapshot() returns "
+                         "(keys 'segments' and 'device_traces'), or the path of a pickle "
+                         "torch.cuda.memory._dump_snapshot wrote")
+    return snapshot
+
+
+def active_timeline(snapshot: dict[str, Any] | str | Path, device: int | None = None) -> ActiveTimeline:
+    """The active-memory timeline of a snapshot (a dict in ``torch.cuda.memory._snapshot()``'s
+    format, or the path of its pickle), as PyTorch's viewer draws it: each allocation from its
+    ``alloc`` to its ``free_completed``, stacked in the order they were made; when one is freed,
+    those above it move down. An allocation freed but never allocated in the trace (the trace
+    keeps only the last ``max_entries`` events), and a block still allocated in ``segments`` that
+    the trace never allocated, were live before it began: they sit at the bottom from x = 0.
+    ``device``: the index in ``device_traces`` (default: the one with the most events)."""
+    snap = _load_snapshot(snapshot)
+    traces = snap["device_traces"]
+    if device is None:
+        device = max(range(len(traces)), key=lambda d: len(traces[d])) if traces else 0
+    if traces and not 0 <= device < len(traces):
+        raise ValueError(f"device {device}: the snapshot has traces for devices 0 to {len(traces) - 1}")
+    events = [e for e in (traces[device] if traces else []) if e.get("action") in _LIVE_ACTIONS]
+    n = len(events)
+    allocs: list[Allocation] = []
+    live: dict[int, int] = {}  # addr -> index in allocs
+    for x, e in enumerate(events, start=1):  # find the allocations made before the trace
+        if e["action"] == "alloc":
+            live[e["addr"]] = -1
+        elif e["addr"] in live:
+            del live[e["addr"]]
+        else:
+            allocs.append(Allocation(e["addr"], e["size"], 0, x, e.get("frames") or [], True))
+    for seg in snap.get("segments", []):
+        if seg.get("device", device) != device:
+            continue
+        addr = seg.get("address", 0)
+        for b in seg.get("blocks", []):
+            if b.get("state") == "active_allocated" and addr not in live:
+                allocs.append(Allocation(addr, b["size"], 0, n + 1, b.get("frames") or [], True))
+            addr += b["size"]
+    live = {}
+    for x, e in enumerate(events, start=1):
+        if e["action"] == "alloc":
+            live[e["addr"]] = len(allocs)
+            allocs.append(Allocation(e["addr"], e["size"], x, n + 1, e.get("frames") or []))
+        elif e["addr"] in live:
+            allocs[live.pop(e["addr"])].end = x
+    # the stack, event by event: on a free, every allocation above moves down by its size
+    bands: list[list[tuple[int, int]]] = [[] for _ in allocs]
+    stack: list[int] = []
+    offsets: dict[int, int] = {}
+    total = 0
+    for i, a in enumerate(allocs):
+        if a.preexisting:
+            stack.append(i)
+            offsets[i] = total
+            bands[i].append((0, total))
+            total += a.size
+    totals = [total]
+    by_x: dict[int, list[tuple[str, int]]] = {}
+    for i, a in enumerate(allocs):
+        if not a.preexisting:
+            by_x.setdefault(a.start, []).append(("alloc", i))
+        if a.end <= n:
+            by_x.setdefault(a.end, []).append(("free", i))
+    for x in range(1, n + 1):
+        for kind, i in by_x.get(x, []):
+            if kind == "alloc":
+                stack.append(i)
+                offsets[i] = total
+                bands[i].append((x, total))
+                total += allocs[i].size
+            else:
+                k = stack.index(i)
+                for j in stack[k + 1:]:
+                    offsets[j] -= allocs[i].size
+                    bands[j].append((x, offsets[j]))
+                stack.pop(k)
+                total -= allocs[i].size
+        totals.append(total)
+    return ActiveTimeline(totals, allocs, bands, device)
+
+
+def plot_snapshot(snapshot: dict[str, Any] | str | Path, ax=None, largest: int = 8, device: int | None = None,
+                  title: str = ""):
+    """The active-memory timeline of a snapshot (``active_timeline``), drawn with matplotlib: every
+    allocation a band, stacked in the order they were made; the ``largest`` allocations coloured
+    and labelled with the innermost frame outside torch (``Allocation.where``), the others pale;
+    the total live bytes as a black line. Returns the Axes (the timeline: ``ax.timeline``)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import PolyCollection
+
+    tl = active_timeline(snapshot, device)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 3.8))
+    n = len(tl.total) - 1
+    top = sorted(range(len(tl.allocations)), key=lambda i: -tl.allocations[i].size)[:largest]
+    strong = plt.get_cmap("tab10").colors
+    pale = ("#dfe6ef", "#c9d5e3", "#e8e2d6", "#d8e3d4")
+    polys, colors = [], []
+    for i, a in enumerate(tl.allocations):
+        pts = tl.bands[i] + [(a.end, None)]
+        lower, upper = [], []
+        for (x0, off), (x1, _) in zip(pts, pts[1:], strict=False):
+            lower += [(x0, off / MiB), (x1, off / MiB)]
+            upper += [(x0, (off + a.size) / MiB), (x1, (off + a.size) / MiB)]
+        polys.append(lower + upper[::-1])
+        colors.append(strong[top.index(i) % len(strong)] if i in top else pale[i % len(pale)])
+    ax.add_collection(PolyCollection(polys, facecolors=colors, edgecolors="none"))
+    ax.plot(range(n + 1), [t / MiB for t in tl.total], drawstyle="steps-post", color="k", lw=0.8,
+            gid="total", label="total live")
+    for rank, i in enumerate(top):
+        a = tl.allocations[i]
+        ax.fill_between([], [], color=strong[rank % len(strong)],
+                        label=f"{a.size / MiB:,.1f} MiB  {a.where()}" + ("  (before the trace)" if a.preexisting else ""))
+    ax.set_xlim(0, max(n, 1))
+    ax.set_ylim(0, max(max(tl.total, default=0) / MiB * 1.05, 1e-3))
+    ax.set_xlabel("allocation event (alloc or free_completed)")
+    ax.set_ylabel("MiB live")
+    ax.set_title(title or f"active memory timeline, device {tl.device}: {len(tl.allocations)} allocations", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, borderaxespad=0,
+              title=f"the {len(top)} largest", title_fontsize=7)
+    ax.timeline = tl
+    return ax
+
+
+def show_snapshot(snapshot: dict[str, Any] | str | Path, html: str | Path | None = None, **plot_kw):
+    """A snapshot's active-memory timeline, drawn by ``plot_snapshot`` (works offline and on the
+    course's static site; returns the Axes). ``html``: also write the page of PyTorch's own viewer
+    (``torch.cuda._memory_viz.trace_plot``) to that file; it loads the viewer's script from a CDN,
+    so it needs the internet when opened. The pickle itself can be dropped onto PyTorch's viewer
+    page (pytorch.org/memory_viz), which reads it in the browser."""
+    snap = _load_snapshot(snapshot)
+    if html is not None:
+        from torch.cuda._memory_viz import trace_plot
+
+        Path(html).parent.mkdir(parents=True, exist_ok=True)
+        Path(html).write_text(trace_plot(snap))
+    return plot_snapshot(snap, **plot_kw)
+
+
+def _python_frames(limit: int = 8) -> list[dict[str, Any]]:
+    """The Python stack here, innermost first, in a snapshot's frame format, without the frames of
+    torch and of the course's meters (what ``stacks="python"`` keeps, less the library)."""
+    out = []
+    frame = sys._getframe(1)
+    here = str(Path(__file__).resolve().parent)
+    while frame is not None and len(out) < limit:
+        name = frame.f_code.co_filename
+        if "/torch/" not in name and not name.startswith(str(Path(here) / "memory")) and name != __file__:
+            out.append({"filename": name, "line": frame.f_lineno, "name": frame.f_code.co_name})
+        frame = frame.f_back
+    return out
+
+
+def cpu_snapshot(build_model: Callable[[], Any], input_shape: tuple[int, ...], *,
+                 dtype: torch.dtype = torch.float32, n_classes: int = 5, steps: int = 1) -> dict[str, Any]:
+    """A snapshot in ``torch.cuda.memory._snapshot()``'s format made without a GPU: ``steps``
+    training steps (``train.training_step``, Adam) under FakeTensorMode, every tensor storage's
+    allocation and free counted by ``LiveBytes`` with the Python stack that made it. What it
+    holds: live tensor bytes, exactly, in the order they were made; the weights and the batch,
+    made before the steps, as blocks allocated before the trace (as on a GPU, where recording
+    starts after the model is built), named by their parameter. What it lacks: the caching
+    allocator (one block per tensor, no rounding, no cached free blocks), cuDNN workspaces, and
+    real addresses (each storage's key stands in for one). ``snapshot["origin"]`` says so."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from .memory import LiveBytes, _target_spec, default_dtype
+    from .train import training_step
+
+    class _Stacked(LiveBytes):
+        def _add(self, st):
+            n = len(self.events)
+            super()._add(st)
+            if len(self.events) > n:
+                frames[len(self.events) - 1] = _python_frames()
+
+    frames: dict[int, list[dict[str, Any]]] = {}
+    classify, target_shape, loss_fn = _target_spec(tuple(input_shape), None, None, None)
+    with default_dtype(dtype), FakeTensorMode():
+        model = build_model()
+        x = torch.randn(input_shape)
+        y = torch.randint(0, n_classes, target_shape) if classify else torch.randn(target_shape)
+        opt = torch.optim.Adam(model.parameters(), foreach=True)
+        with _Stacked(trace=True) as live:
+            names = {}  # the weights and the batch: made before the trace, like a GPU's
+            for label, t in [*((f"parameter {n}", p) for n, p in model.named_parameters()),
+                             *((f"buffer {n}", b) for n, b in model.named_buffers()), ("input batch", x), ("target", y)]:
+                live.track(t)
+                names.setdefault(t.untyped_storage()._cdata, label)
+            before = len(live.events)
+            for _ in range(steps):
+                training_step(model, x, y, opt, loss_fn=loss_fn)
+    segments, made = [], {}
+    for size, key in live.events[:before]:
+        if key in live._live:  # still live after the steps
+            segments.append({"device": 0, "address": key, "total_size": size, "stream": 0, "blocks": [
+                {"size": size, "requested_size": size, "state": "active_allocated",
+                 "frames": [{"filename": "", "line": 0, "name": names.get(key, "tensor")}]}]})
+    trace = []
+    for k, (size, key) in enumerate(live.events[before:], start=before):
+        if size > 0:
+            made[key] = frames.get(k, [])
+            trace.append({"action": "alloc", "addr": key, "size": size, "stream": 0, "frames": made[key]})
+        else:
+            for action in ("free_requested", "free_completed"):
+                trace.append({"action": action, "addr": key, "size": -size, "stream": 0,
+                              "frames": made.get(key, [])})
+    return {"segments": segments, "device_traces": [trace],
+            "origin": (f"made on a CPU by course_utils.allocator.cpu_snapshot: {steps} training step(s) under "
+                       "FakeTensorMode, live tensor bytes counted by LiveBytes, no caching allocator")}
+

@@ -305,10 +305,17 @@ def estimate(cfg: Config, over: Overheads | None = None) -> Estimate:
     return Estimate(cfg, local, _parts(lines, local), largest * cfg.dp_ranks, over)
 
 
-def table(configs: list[Config]):
+def table(configs: list[Config], progress: bool = False):
+    """One row per configuration (``Estimate.row``). ``progress=True`` shows a tqdm progress bar
+    (a widget in a notebook, text in a terminal): each new model configuration costs a fake-tensor
+    training step, seconds each at seed 000's size on a loaded CPU."""
     import pandas as pd
 
     over = overheads()  # read the recorded figures once for the whole table
+    if progress:
+        from tqdm.auto import tqdm
+
+        configs = tqdm(configs, desc="configurations", unit="config")
     return pd.DataFrame([estimate(c, over).row() for c in configs])
 
 
@@ -667,8 +674,13 @@ COLORS = {"params": "#4c72b0", "grads": "#55a868", "optimizer": "#c44e52", "acti
           "temporaries": "#ccb974", "DDP buckets": "#dd8452", "context + slack": "#bbbbbb"}
 
 
+#: the ``gid`` of the card's label in ``plot``'s figure (tests find it by this)
+CARD_LABEL_GID = "card-label"
+
+
 def plot(est: Estimate, ax=None):
-    """One stacked bar: what a GPU holds at the step's peak, with the card's size marked."""
+    """One stacked bar: what a GPU holds at the step's peak, with the card's size marked: a dashed
+    line, labelled above the bar (never on it), and the legend under the axes (never on the bar)."""
     import matplotlib.pyplot as plt
 
     if ax is None:
@@ -681,35 +693,88 @@ def plot(est: Estimate, ax=None):
         left += v / MiB
     budget = est.config.budget_gib * 1024
     ax.axvline(budget, color="k", ls="--")
-    ax.text(budget, 0.5, f"{est.config.budget_gib} GiB card ", ha="right", va="bottom", fontsize=8,
-            transform=ax.get_xaxis_transform())
+    # the bar spans y -0.4 .. 0.4: the label sits on top of it, left of the line
+    ax.text(budget, 0.45, f"{est.config.budget_gib} GiB card ", ha="right", va="bottom", fontsize=8,
+            gid=CARD_LABEL_GID)
     ax.set_yticks([])
     ax.set_ylim(-0.5, 1.1)
     ax.set_xlim(0, max(left, budget) * 1.05)
     ax.set_xlabel("MiB per GPU (predicted steady-state step; grey: context + slack, see Overheads)")
     verdict = "fits" if est.fits else "does NOT fit"
-    ax.set_title(f"{est.config.describe()}: batch {est.local_batch}/GPU {verdict}; largest global "
-                 f"batch in {est.config.budget_gib} GiB: {est.largest_batch}", fontsize=9)
-    ax.legend(fontsize=7, ncol=3, loc="upper left", frameon=False)
+    c = est.config
+    batch = f"batch {c.batch}" + (f" ({est.local_batch}/GPU on {c.dp_ranks} GPUs)" if c.dp_ranks > 1 else "")
+    ax.set_title(f"{c.describe()}: {batch} {verdict}; largest global batch in {c.budget_gib} GiB: "
+                 f"{est.largest_batch}", fontsize=9)
+    # under the x label, four to a row: the figure keeps its width (a phone shrinks a wide one)
+    ax.legend(fontsize=7, ncol=4, loc="upper left", bbox_to_anchor=(0, -0.36), frameon=False, borderaxespad=0)
     return ax
 
 
+@dataclass
+class ExplorerState:
+    """What the explorer shows now (``explorer(...).explorer_state``): the controls, the last
+    estimate and figure, and the lines printed under it; ``updates`` counts the re-estimates."""
+
+    controls: dict[str, Any]
+    estimate: Estimate | None = None
+    figure: Any = None
+    lines: list[str] | None = None
+    updates: int = 0
+    shown: Config | None = None  # the configuration the output shows (its figure or its error)
+    update: Any = None  # the controls' callback (tests drive it as the widget front end would)
+
+
+def _config_of(ctl: dict[str, Any], seed000: bool) -> Config:
+    return Config(levels=ctl["levels"].value, base_channels=ctl["base_channels"].value,
+                  volume=(ctl["d"].value, ctl["h"].value, ctl["w"].value), batch=ctl["batch"].value,
+                  precision=ctl["precision"].value, inplace_relu=ctl["inplace_relu"].value,
+                  inplace_abn=ctl["inplace_abn"].value, checkpointing=ctl["checkpointing"].value,
+                  dp_ranks=ctl["dp_ranks"].value, budget_gib=ctl["budget_gib"].value, seed000=seed000,
+                  lean_up=ctl["lean_up"].value)
+
+
+def change_lines(est: Estimate, before: Estimate | None, changed: str | None) -> list[str]:
+    """What the explorer prints under the figure after the control ``changed`` moved. The card's
+    size is a budget, not a technique: it never changes the step's peak, so it is reported as what
+    the step needs of the new card; a technique that leaves the peak where it was says where the
+    peak is."""
+    lines = []
+    if before is not None:
+        if changed == "budget_gib":
+            c = est.config
+            lines.append(f"card: {c.budget_gib} GiB. The step needs {est.card_needs / MiB:,.0f} MiB of it "
+                         f"({'fits' if est.fits else 'does not fit'}); the largest global batch on this card: "
+                         f"{est.largest_batch}")
+        else:
+            delta = est.total - before.total
+            line = f"change from the previous setting: {delta / MiB:+,.0f} MiB predicted peak"
+            if abs(delta) < MiB:
+                line += f" (this switch leaves the peak where it is: in {describe_peak(est)})"
+            lines.append(line)
+    lines.append(f"overheads: {est.overheads.source}")
+    return lines
+
+
 def explorer(start: Config = Config()):
-    """The interactive explorer (ipywidgets); returns the widget box. A first prediction of a
-    new model configuration takes two fake training steps (seconds on a laptop CPU at seed 000's
-    size); batch, ranks and budget changes, and revisited configurations, are instant."""
+    """The interactive explorer (ipywidgets); returns the widget box (its ``explorer_state``: what
+    it shows). A first prediction of a new model configuration takes two fake training steps
+    (seconds on a CPU at seed 000's size); batch, ranks and budget changes, and revisited
+    configurations, are instant. The sliders update when released (``continuous_update=False``):
+    dragging the batch from 2 to 9 is one estimate, not seven queued ones that leave the figure
+    behind the slider."""
     import ipywidgets as w
     import matplotlib.pyplot as plt
     from IPython.display import display
 
     s = start
+    slider = functools.partial(w.IntSlider, continuous_update=False)
     ctl = {
-        "levels": w.IntSlider(s.levels, min=2, max=6, description="levels"),
+        "levels": slider(s.levels, min=2, max=6, description="levels"),
         "base_channels": w.Dropdown(options=[8, 16, 32, 64], value=s.base_channels, description="channels"),
-        "d": w.IntSlider(s.volume[0], min=8, max=128, step=2, description="D"),
-        "h": w.IntSlider(s.volume[1], min=16, max=512, step=2, description="H"),
-        "w": w.IntSlider(s.volume[2], min=16, max=512, step=2, description="W"),
-        "batch": w.IntSlider(s.batch, min=1, max=64, description="batch"),
+        "d": slider(s.volume[0], min=8, max=128, step=2, description="D"),
+        "h": slider(s.volume[1], min=16, max=512, step=2, description="H"),
+        "w": slider(s.volume[2], min=16, max=512, step=2, description="W"),
+        "batch": slider(s.batch, min=1, max=64, description="batch"),
         "precision": w.Dropdown(options=[(label, key) for key, label in PRECISION_LABELS.items()],
                                 value=s.precision, description="precision"),
         "inplace_relu": w.Checkbox(s.inplace_relu, description="in-place ReLU"),
@@ -717,38 +782,40 @@ def explorer(start: Config = Config()):
         "inplace_abn": w.Checkbox(s.inplace_abn, description="In-Place ABN"),
         "checkpointing": w.Dropdown(options=[(label, key) for key, label in CHECKPOINTING_LABELS.items()],
                                     value=s.checkpointing, description="checkpoint"),
-        "dp_ranks": w.IntSlider(s.dp_ranks, min=1, max=8, description="DP ranks"),
+        "dp_ranks": slider(s.dp_ranks, min=1, max=8, description="DP ranks"),
         "budget_gib": w.Dropdown(options=list(BUDGETS_GIB), value=s.budget_gib, description="card GiB"),
     }
+    names = {id(c): k for k, c in ctl.items()}
     out = w.Output()
-    previous: dict[str, Estimate] = {}
+    state = ExplorerState(ctl)
 
-    def update(_=None):
-        cfg = Config(levels=ctl["levels"].value, base_channels=ctl["base_channels"].value,
-                     volume=(ctl["d"].value, ctl["h"].value, ctl["w"].value), batch=ctl["batch"].value,
-                     precision=ctl["precision"].value, inplace_relu=ctl["inplace_relu"].value,
-                     inplace_abn=ctl["inplace_abn"].value, checkpointing=ctl["checkpointing"].value,
-                     dp_ranks=ctl["dp_ranks"].value, budget_gib=ctl["budget_gib"].value, seed000=s.seed000,
-                     lean_up=ctl["lean_up"].value)
+    def update(change=None):
+        # the controls' values now, not the event's: an event queued behind a slow estimate is
+        # drawn with the latest values, so the figure never shows a batch the slider has left
+        cfg = _config_of(ctl, s.seed000)
+        if cfg == state.shown:
+            return  # already shown (a queued event of a setting since reached)
+        changed = names.get(id(change["owner"])) if change else None
         with out:
             out.clear_output(wait=True)
+            state.shown = cfg
             try:
                 est = estimate(cfg)
             except ValueError as err:
                 print(err)
                 return
+            if state.figure is not None:
+                plt.close(state.figure)
             fig, ax = plt.subplots(figsize=(8, 2.2))
             plot(est, ax)
+            state.figure = fig
             plt.show()
-            before = previous.get("last")
-            if before is not None:
-                delta = est.total - before.total
-                print(f"change from the previous setting: {delta / MiB:+,.0f} MiB predicted peak"
-                      + (" (no change: this switch does not touch the peak here; the peak is in "
-                         f"{describe_peak(est)})" if abs(delta) < MiB else ""))
-            print(f"overheads: {est.overheads.source}")
-            previous["last"] = est
+            state.lines = change_lines(est, state.estimate, changed)
+            print("\n".join(state.lines))
+            state.estimate = est
+            state.updates += 1
 
+    state.update = update
     for c in ctl.values():
         c.observe(update, names="value")
     # a static picture of the starting configuration, as a plain output: it stays readable in a
@@ -765,6 +832,7 @@ def explorer(start: Config = Config()):
             (("levels", "base_channels", "precision"), ("d", "h", "w"), ("batch", "dp_ranks", "budget_gib"),
              ("lean_up", "inplace_relu", "inplace_abn", "checkpointing"))]
     box = w.VBox(rows + [out])
+    box.explorer_state = state
     display(box)
     return box
 

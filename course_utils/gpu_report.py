@@ -111,6 +111,8 @@ def run_notebooks(out: Path, dry_run: bool, timeout: int, names: list[str] | Non
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+    if not dry_run and results:  # each notebook's time at full size: the site's banners show it
+        recorded.record("gpu/notebook_seconds", {n: r["seconds"] for n, r in results.items()}, folder=raw)
     return results
 
 

@@ -29,8 +29,24 @@ from typing import Any
 import torch
 
 ENV_VAR = "COURSE_RECORD_DIR"
+# where ``show``/``lookup`` read recorded figures from, instead of the repository's recorded/
+# (the site's build points it at a fixture recording in its tests)
+SHOW_ENV_VAR = "COURSE_RECORDED"
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = ROOT / "recorded"
+
+
+def recorded_folder() -> Path:
+    """Where recorded figures are read from: ``$COURSE_RECORDED``; else the checkout's
+    ``recorded/``; else, for course_utils installed from its wheel (a hosted notebook, where
+    the course's zip is unpacked beside it), ``recorded/`` in or one folder above the notebook's
+    working directory."""
+    if os.environ.get(SHOW_ENV_VAR):
+        return Path(os.environ[SHOW_ENV_VAR])
+    for folder in (RECORDED, Path.cwd() / "recorded", Path.cwd().parent / "recorded"):
+        if folder.is_dir():
+            return folder
+    return RECORDED
 
 
 def _encode(value: Any) -> dict[str, Any]:
@@ -118,9 +134,10 @@ class Recorded:
 
 
 def lookup(key: str, folder: str | Path | None = None) -> Recorded | None:
-    """The newest recording of ``key`` among ``recorded/*.json``, or None."""
+    """The newest recording of ``key`` among the ``*.json`` of ``folder`` (by default
+    ``recorded_folder()``), or None."""
     found = []
-    for path in sorted(Path(folder or RECORDED).glob("*.json")):
+    for path in sorted(Path(folder or recorded_folder()).glob("*.json")):
         data = json.loads(path.read_text())
         if key in data.get("figures", {}):
             found.append((data["meta"]["date"], data["meta"], data["figures"][key]))

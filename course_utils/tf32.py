@@ -228,6 +228,30 @@ def emulated_if_asked() -> contextlib.AbstractContextManager:
     return emulate_tf32() if value == "1" else contextlib.nullcontext()
 
 
+#: the notebooks (and their solutions) whose asserts compare what launched ranks compute with the
+#: notebook's own fp32 reference: the test suite runs them with ``COURSE_EMULATE_TF32=1`` (conftest.py)
+TF32_RANK_NOTEBOOKS = ("08_data_parallel.ipynb", "09_model_parallel.ipynb")
+
+
+@contextlib.contextmanager
+def ranks_on_tf32_for(path) -> Iterator[bool]:
+    """Inside, ``COURSE_EMULATE_TF32=1`` when ``path`` is one of ``TF32_RANK_NOTEBOOKS`` and the
+    variable is not set already (an explicit ``0`` is kept); yields whether it set it. The test
+    suite starts such a notebook's kernel inside it, so the kernel and the ranks it launches inherit
+    it: a learner's CPU computes exactly, a recent GPU in TF32, and a notebook's comparison that
+    holds on TF32 ranks holds on exact ones (same code, a smaller difference), so the suite runs
+    each of these notebooks once, on TF32 ranks."""
+    name = os.path.basename(str(path))
+    setting = name in TF32_RANK_NOTEBOOKS and ENV_VAR not in os.environ
+    if setting:
+        os.environ[ENV_VAR] = "1"
+    try:
+        yield setting
+    finally:
+        if setting:
+            os.environ.pop(ENV_VAR, None)
+
+
 def formats() -> list[dict]:
     """Sign, exponent and mantissa bits of fp32, TF32, bf16 and fp16 (from ``torch.finfo``;
     TF32, which is no storage dtype, is fp32 with ``DROPPED_BITS`` fewer mantissa bits)."""

@@ -3,13 +3,12 @@
 The source tree is assembled by site/build.py in build/site-src/ (copies of README, the executed
 notebooks, the exercises and docs); this file is used with ``sphinx-build -c site``. Everything
 the pages load is served from the site itself: Furo's and Sphinx's own files, course.css, and no
-CDN (myst-nb's require.js / widget manager and MathJax are switched off below).
+CDN (myst-nb's require.js / widget manager are switched off below; MathJax 3 comes from the
+PyPI package sphinx-mathjax-offline and is served from _static/mathjax/).
 """
 
 import json
 from pathlib import Path
-
-from docutils import nodes
 
 ROOT = Path(__file__).resolve().parent.parent
 _info_file = ROOT / "build" / "site-src" / "site-info.json"
@@ -18,7 +17,9 @@ INFO = json.loads(_info_file.read_text()) if _info_file.exists() else {}
 project = "GPU memory for deep learning"
 author = "the course authors"
 copyright = "the course authors"
-extensions = ["myst_nb"]
+# math ($...$, $$...$$) is typeset by MathJax served from the site itself: the PyPI package
+# "sphinx-mathjax-offline" (its module name has dashes) copies MathJax 3 into _static/mathjax/
+extensions = ["myst_nb", "sphinx-mathjax-offline"]
 exclude_patterns = ["site-info.json", "**/.ipynb_checkpoints"]
 root_doc = "index"
 
@@ -40,30 +41,10 @@ html_js_files = ["course.js"]
 html_copy_source = False
 html_show_sourcelink = False
 html_last_updated_fmt = None
-html_math_renderer = "course_tex"  # not MathJax (a CDN script): TeX shown as source, see below
+html_favicon = "_static/favicon.svg"  # without one, the browser's request for /favicon.ico fails
 if INFO:
     _where = INFO.get("gpu") or "CPU"
     html_theme_options = {
         "announcement": (f"Built {INFO['date']} &middot; outputs executed on {_where} at the "
                          f"<code>{INFO['preset']}</code> preset &middot; torch {INFO['torch']}"),
     }
-
-
-def _visit_inline(self, node):
-    self.body.append(self.starttag(node, "code", "", CLASS="math tex-source"))
-    self.body.append(self.encode(node.astext()))
-    self.body.append("</code>")
-    raise nodes.SkipNode
-
-
-def _visit_block(self, node):
-    self.body.append(self.starttag(node, "pre", "", CLASS="math tex-source"))
-    self.body.append(self.encode(node.astext()))
-    self.body.append("</pre>")
-    raise nodes.SkipNode
-
-
-def setup(app):
-    # no notebook uses math today; should one, its TeX reads as source rather than a page that
-    # fetches MathJax from a CDN (which the offline check would fail)
-    app.add_html_math_renderer("course_tex", (_visit_inline, None), (_visit_block, None))

@@ -75,6 +75,7 @@ def test_steady_state_adds_adam_once():
     assert steady_state(steady_state(b))["Total"] == 120
 
 
+@pytest.mark.sweep  # notebook 07 asserts each of these in make test (cells 4 and 9): make test-sweep, not CI
 def test_seed004_runs_out_of_memory_at_batch_8_and_the_techniques_fix_it():
     """DenseNet-169, batch 8, 512 x 512, fp32, Adam: the predicted peak does not fit a 6 GB card
     (after the stated context and workspace allowance); the memory-efficient net does, with room

@@ -169,3 +169,87 @@ def test_pareto():
 
     points = [(1.0, 10.0), (2.0, 5.0), (2.5, 6.0), (3.0, 1.0), (1.0, 12.0)]
     assert pareto(points) == [True, True, False, True, False]
+
+
+def _card_label_and_bars(ax):
+    label = [t for t in ax.texts if t.get_text().strip().endswith("GiB card")]
+    assert len(label) == 1, [t.get_text() for t in ax.texts]
+    return label[0], [p for p in ax.patches if p.get_width() > 0]
+
+
+@pytest.mark.parametrize("budget", [8, 12, 24, 80])
+@pytest.mark.parametrize("fill", ["small", "largest", "over"])
+def test_card_label_never_overlaps_the_bar_or_legend(budget, fill):
+    """The "8 GiB card" label and the legend are measured with matplotlib's renderer: neither
+    intersects a bar segment (the hatched context + slack included), and the label stays in the figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from course_utils.explorer import plot
+
+    cfg = replace(SMALL, budget_gib=budget, volume=(32, 64, 64))
+    largest = estimate(cfg).largest_batch  # the bar ends at the card's line: where the label is
+    batch = {"small": 1, "largest": largest, "over": 2 * largest}[fill]
+    est = estimate(replace(cfg, batch=batch))
+    ax = plot(est)
+    fig = ax.figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    label, bars = _card_label_and_bars(ax)
+    box = label.get_window_extent(renderer)
+    legend = ax.get_legend().get_window_extent(renderer)
+    assert len(bars) >= 6
+    for bar in bars:
+        extent = bar.get_window_extent(renderer)
+        assert not box.overlaps(extent), f"card label {box} on the bar {extent} ({budget} GiB, batch {batch})"
+        assert not legend.overlaps(extent), f"legend {legend} on the bar {extent}"
+    assert fig.bbox.contains(box.x0, box.y0) and fig.bbox.contains(box.x1, box.y1)
+    for other in (ax.xaxis.label, ax.title, *ax.get_xticklabels()):
+        extent = other.get_window_extent(renderer)
+        assert not legend.overlaps(extent) and not box.overlaps(extent), other.get_text()
+    plt.close(fig)
+
+
+def test_explorer_figure_follows_the_batch_slider():
+    """Driven as the front end drives it: sliders report on release, one estimate per change, the
+    figure's batch is the slider's, and an event queued behind a later one draws nothing stale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from course_utils.explorer import explorer
+
+    state = explorer(SMALL).explorer_state
+    ctl = state.controls
+    sliders = [c for c in ctl.values() if hasattr(c, "continuous_update")]
+    assert len(sliders) >= 5 and not any(c.continuous_update for c in sliders)
+    for b in (3, 4, 7, 5):
+        n = state.updates
+        ctl["batch"].value = b
+        assert state.updates == n + 1
+        assert state.estimate.config.batch == b
+        assert f"fp32: batch {b} " in state.figure.axes[0].get_title(), state.figure.axes[0].get_title()
+    # an event for batch 4, delivered after the slider reached 5: the figure stays at 5
+    n = state.updates
+    state.update({"owner": ctl["batch"], "old": 3, "new": 4, "name": "value"})
+    assert state.updates == n and f"batch {ctl['batch'].value} " in state.figure.axes[0].get_title()
+    ctl["dp_ranks"].value = 2
+    ctl["batch"].value = 6
+    assert "batch 6 (3/GPU on 2 GPUs)" in state.figure.axes[0].get_title()
+
+
+def test_explorer_card_change_reads_as_a_budget():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from course_utils.explorer import explorer
+
+    state = explorer(SMALL).explorer_state
+    state.controls["budget_gib"].value = 12
+    text = "\n".join(state.lines)
+    assert text.startswith("card: 12 GiB. The step needs ")
+    assert "largest global batch on this card: " in text
+    assert "touch the peak" not in text and "peak where it is" not in text and "change from" not in text
+    state.controls["lean_up"].value = True  # fp32: lean Up changes nothing, and says where the peak is
+    assert "leaves the peak where it is: in " in "\n".join(state.lines)

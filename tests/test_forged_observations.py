@@ -7,11 +7,13 @@ the seed which inputs the observation must cover and checks its count, keys, typ
 shapes against that before it compares a value.
 
 * ``test_junk_observations_fail_every_part`` (fast): ``[]``, ``{}``, ``None``, ... fail every part.
-* ``test_mutated_solution_observations_fail`` (grader): each solution's real observation passes;
+* ``test_mutated_solution_observations_fail`` (grader and sweep: ``make test-sweep``, 1,000 s on a
+  2-core machine at load 15, not in CI): each solution's real observation passes;
   every mutant of it (a list cut short or padded, a key dropped, a tensor reshaped or cast, an int
   + 1, a bool flipped, a NaN, a list swapped for a dict) fails, unless ``ALLOWED`` says why not.
 * ``test_forged_observations_score_zero_in_the_grader`` (grader): the issue's two forgeries,
-  graded for real, score 0.
+  graded for real on exercises 00 and 03, score 0; ``..._on_every_exercise_...`` (grader and sweep)
+  the class-body forgery on the other exercises.
 """
 
 from __future__ import annotations
@@ -201,6 +203,7 @@ def judge_mutants(nn_id: str, observations: dict) -> tuple[list, list, int, set]
 
 
 @pytest.mark.grader
+@pytest.mark.sweep
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("nn_id", sorted(MODULES))
 def test_mutated_solution_observations_fail(nn_id):
@@ -238,24 +241,22 @@ def {name}({args}):
 """
 
 
+#: the issue's class-body forgery on these exercises, and the file forgery of FORGED_FILES, graded for
+#: real: CI grades exercise 00's class-body forgery and exercise 03's file forgery (two submissions of
+#: the cheapest notebooks); make test-sweep grades the forgery on the other exercises (ex08's ranks and
+#: ex10's sweep make their notebook runs the most expensive of the course's)
 E2E_FORGED_OBSERVE = ("00", "01", "03", "07", "08", "10")
+E2E_IN_CI = {"00_forged_observe.ipynb", "03_forged_files.ipynb"}
 
 
-@pytest.fixture(scope="module")
-def forged_class(tmp_path_factory):
+def _forged_class(folder: Path, names: set[str]) -> dict:
     from course_utils.grading.grade import Options, grade_many
 
-    folder = tmp_path_factory.mktemp("forged")
-    for nn_id in E2E_FORGED_OBSERVE:
-        path = next((ROOT / "exercises").glob(f"{nn_id}_*.ipynb"))
-        nb = nbformat.read(path, as_version=4)
-        nb.cells.append(new_code_cell(FORGED_OBSERVE))
-        nbformat.write(nb, folder / f"{nn_id}_forged_observe.ipynb")
-    for nn_id in FORGED_FILES:
-        path = next((ROOT / "exercises").glob(f"{nn_id}_*.ipynb"))
-        nb = nbformat.read(path, as_version=4)
-        nb.cells.append(new_code_cell(forged_files(nn_id)))
-        nbformat.write(nb, folder / f"{nn_id}_forged_files.ipynb")
+    for name in names:
+        nn_id = name[:2]
+        nb = nbformat.read(next((ROOT / "exercises").glob(f"{nn_id}_*.ipynb")), as_version=4)
+        nb.cells.append(new_code_cell(FORGED_OBSERVE if name.endswith("_forged_observe.ipynb") else forged_files(nn_id)))
+        nbformat.write(nb, folder / name)
     t0 = time.monotonic()
     results = grade_many([str(folder)], Options(cell_timeout=60), progress=False)
     print(f"graded {len(results)} forged submissions in {time.monotonic() - t0:.0f} s:",
@@ -263,16 +264,35 @@ def forged_class(tmp_path_factory):
     return {r.submission: r for r in results}
 
 
-@pytest.mark.grader
-@pytest.mark.timeout(1200)
-def test_forged_observations_score_zero_in_the_grader(forged_class):
-    expected = {f"{nn}_forged_observe.ipynb" for nn in E2E_FORGED_OBSERVE}
-    expected |= {f"{nn}_forged_files.ipynb" for nn in FORGED_FILES}
-    assert set(forged_class) == expected
+def _all_forged() -> set[str]:
+    return {f"{nn}_forged_observe.ipynb" for nn in E2E_FORGED_OBSERVE} | {f"{nn}_forged_files.ipynb" for nn in FORGED_FILES}
+
+
+def _assert_no_points(graded: dict, expected: set[str]) -> None:
+    assert set(graded) == expected
     won = {}
-    for name, r in sorted(forged_class.items()):
+    for name, r in sorted(graded.items()):
         assert r.status == "graded", (name, r.status, r.notes)
         assert len(r.parts) == len(exercise(name[:2]).parts), (name, r.parts)
         if r.score or any(p["score"] for p in r.parts):
             won[name] = f"{r.score}/{r.max_score}: " + ", ".join(p["key"] for p in r.parts if p["score"])
     assert not won, f"forged observations won points: {won}"
+
+
+@pytest.mark.grader
+@pytest.mark.timeout(1200)
+def test_forged_observations_score_zero_in_the_grader(tmp_path):
+    """Exercise 00's class-body forgery and exercise 03's file forgery, graded for real, score 0
+    (the old grader gave 03 7/7 for both)."""
+    assert E2E_IN_CI <= _all_forged()
+    _assert_no_points(_forged_class(tmp_path, E2E_IN_CI), E2E_IN_CI)
+
+
+@pytest.mark.grader
+@pytest.mark.sweep  # make test-sweep, not CI (CI's CPU: see .ci/run)
+@pytest.mark.timeout(1800)
+def test_forged_observations_on_every_exercise_score_zero_in_the_grader(tmp_path):
+    """The class-body forgery on exercises 01, 03, 07, 08 and 10 too (the old grader gave 07 3/7,
+    08 2/6 and 10 4/4)."""
+    rest = _all_forged() - E2E_IN_CI
+    _assert_no_points(_forged_class(tmp_path, rest), rest)

@@ -69,12 +69,15 @@ def test_markdown_solutions_and_unmarked_cells():
 
 def test_execution_metadata_and_outputs_are_not_copied():
     nb = nbformat.read(SOLUTION, as_version=4)
-    nb.cells[2].metadata["execution"] = {"iopub.execute_input": "2026-11-23T10:00:00Z"}
-    nb.cells[2].outputs = [nbformat.v4.new_output("stream", text="hi")]
-    nb.cells[2].execution_count = 3
+    # the first cell the learner answers in (not a fixed index: the setup cell and the imports
+    # come before it)
+    i = next(k for k, c in enumerate(nb.cells) if c.cell_type == "code" and "BEGIN SOLUTION" in c.source)
+    nb.cells[i].metadata["execution"] = {"iopub.execute_input": "2026-11-23T10:00:00Z"}
+    nb.cells[i].outputs = [nbformat.v4.new_output("stream", text="hi")]
+    nb.cells[i].execution_count = 3
     ex = make_exercise(nb)
-    assert "execution" not in ex.cells[2].metadata and ex.cells[2].outputs == []
-    assert ex.cells[2].execution_count is None and ex.cells[2].metadata["nbgrader"]["solution"]
+    assert "execution" not in ex.cells[i].metadata and ex.cells[i].outputs == []
+    assert ex.cells[i].execution_count is None and ex.cells[i].metadata["nbgrader"]["solution"]
 
 
 def test_check_reports_stale_and_orphaned_exercises(tmp_path):

@@ -1,7 +1,7 @@
-"""One submission must never stop, hang or starve the class, nor reach another (slow: `make
-test-grader`). Each notebook below is a correct exercise 00 plus one hostile cell or graded
-function from the adversarial review (issue 25); the class is graded once, one at a time, and
-each test reads its row. What each case did to the grader before: in its test's docstring."""
+"""One submission must never stop, hang or starve the class, nor reach another (slow: the hostile
+class and parallel grading in `make test-sweep`, the killed grader in `make test-grader`). Each
+notebook below is a correct exercise 00 plus one hostile cell or graded function from the
+adversarial review (issue 25); the class is graded once, one at a time, and each test reads its row. What each case did to the grader before: in its test's docstring."""
 
 import os
 import signal
@@ -26,6 +26,9 @@ TAG = uuid.uuid4().hex[:12]  # names in /dev/shm that belong to this test run
 SHM_A, SHM_SELF = f"/dev/shm/course-test-{TAG}-a", f"/dev/shm/course-test-{TAG}-self"
 
 pytestmark = [pytest.mark.grader, pytest.mark.timeout(1200)]
+#: the hostile class and parallel grading are make test-sweep's (CI gets about a quarter of a core:
+#: .ci/run); CI runs the killed grader
+SWEEP = pytest.mark.sweep
 
 
 def with_cells(base: Path, *cells: str):
@@ -143,24 +146,28 @@ def row(cls, name):
     return cls[0][name]
 
 
+@SWEEP
 def test_every_submission_gets_its_row(hostile_class):
     rows, seconds = hostile_class
     assert len(rows) == 10 and all(r.status == "graded" for r in rows.values())
     assert not [r.notes for r in rows.values() if any("the grader could not finish" in n for n in r.notes)]
 
 
+@SWEEP
 def test_a_deep_expression_does_not_stop_the_class(hostile_class):
     """Was: the grader's own ast.parse raised RecursionError, exit 1, an empty report."""
     r = row(hostile_class, "00_a_deep_expression")
     assert r.score == 5, (r.parts, r.notes)
 
 
+@SWEEP
 def test_folders_made_in_advance_do_not_stop_the_class(hostile_class):
     """Was: the notebook run made ../sandbox, the grader's mkdir raised FileExistsError."""
     r = row(hostile_class, "00_b_squats_folders")
     assert r.score == 5, (r.parts, r.notes)
 
 
+@SWEEP
 def test_deadlines_are_the_graders_clock(hostile_class):
     """Was: .started files dated into the future and a loop hung the grader for ever."""
     r = row(hostile_class, "00_c_future_started")
@@ -171,6 +178,7 @@ def test_deadlines_are_the_graders_clock(hostile_class):
     assert r.seconds["sandbox"] < 3 * (15 + 10) + 60
 
 
+@SWEEP
 def test_planted_links_and_fifos_are_not_read(hostile_class):
     """Was: obs/*.pt -> /dev/zero made the grader read until it was OOM-killed at 6.4 GB."""
     r = row(hostile_class, "00_d_zero_links")
@@ -179,6 +187,7 @@ def test_planted_links_and_fifos_are_not_read(hostile_class):
                 or "took more than" in p["message"]) for p in r.parts), r.parts
 
 
+@SWEEP
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux")
 def test_a_reforking_process_does_not_outlive_its_run(hostile_class):
     """Was: a process re-forking every few ms escaped the sweep and ran after the grader exited."""
@@ -186,6 +195,7 @@ def test_a_reforking_process_does_not_outlive_its_run(hostile_class):
     assert not named(REFORKER_NAME), "the re-forking process is still running"
 
 
+@SWEEP
 def test_no_channel_between_runs_through_shared_memory(hostile_class):
     """Was: /dev/shm was shared, writable and persistent: submission A wrote a message and 200 MiB,
     submission B graded next read it, the memory stayed allocated after the class."""
@@ -195,6 +205,7 @@ def test_no_channel_between_runs_through_shared_memory(hostile_class):
     assert not os.path.exists(SHM_A) and not os.path.exists(SHM_SELF)
 
 
+@SWEEP
 def test_the_disk_is_bounded_in_files_and_bytes(hostile_class):
     """Was: only 1 GiB per file; any number of files."""
     h, i = row(hostile_class, "00_h_many_files"), row(hostile_class, "00_i_big_files")
@@ -203,6 +214,7 @@ def test_the_disk_is_bounded_in_files_and_bytes(hostile_class):
     assert not nb["passed"] and "0.25 GiB" in nb["message"], i.parts
 
 
+@SWEEP
 def test_the_notebook_run_has_the_student_release(hostile_class):
     """Was: the kernel imported the teacher's course_utils, answers included (a top-level cell
     could compute a secret part with an @answer function)."""
@@ -211,6 +223,7 @@ def test_the_notebook_run_has_the_student_release(hostile_class):
     assert any("raised RefusedObject" in n and "not in the student release" in n for n in r.notes), r.notes
 
 
+@SWEEP
 def test_no_process_is_left_after_the_class(hostile_class):
     left = [Path(f"/proc/{p}/cmdline").read_bytes() for p in limits.descendants()
             if Path(f"/proc/{p}/cmdline").exists()]
@@ -247,6 +260,7 @@ def _cmdline(pid: str) -> bytes:
         return b""
 
 
+@SWEEP
 def test_parallel_grading_gives_the_sequential_scores(tmp_path):
     """--jobs 2: two workers, each a grader of its own; the rows come back in the class's order."""
     folder = tmp_path / "class"

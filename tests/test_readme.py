@@ -74,34 +74,98 @@ def test_the_declared_torch_range_is_the_tested_one():
     assert Version(pin) in spec and Version(pin) in passed
 
 
-def test_make_test_emulated_runs_the_notebooks_on_tf32_ranks():
-    """README: `make test-emulated` runs notebooks 08 and 09 and exercise 08's solution with
-    COURSE_EMULATE_TF32=1. Each pytest command of its recipe is collected as written: the
-    notebooks must be selected under the emulation (old recipe: one run with `-m emulated`,
-    which deselected every notebook, so they never ran), and the emulated tests too."""
+def test_make_test_emulated_runs_the_solution_on_tf32_ranks():
+    """README: `make test-emulated` runs exercise 08's solution with COURSE_EMULATE_TF32=1. Each
+    pytest command of its recipe is read as make runs it, and its `-m` expression evaluated as
+    pytest does for the items it names: a notebook cell has no mark, so the old recipe (one run with
+    `-m emulated`) deselected every notebook and none ran; the `emulated` tests must be selected too.
+    (Reading the recipe, not collecting it: a collection of tests/ costs a minute of CPU.)"""
     import itertools
-    import os
     import shlex
     import subprocess
-    import sys
+
+    from _pytest.mark.expression import Expression
 
     root = readme.README.parent
     recipe = subprocess.run(["make", "-n", "-W", "install", "test-emulated"], cwd=root, capture_output=True,
                             text=True, check=True).stdout.replace("\\\n", " ")
-    selected: dict[str, bool] = {}
+    runs = []  # (environment, paths, is a notebook cell selected, is an `emulated` test selected)
     for line in (ln for ln in recipe.splitlines() if " pytest " in ln):
         words = shlex.split(line)
         env = dict(w.split("=", 1) for w in itertools.takewhile(lambda w: "=" in w, words))
-        args = [w for w in words[len(env) + 1:] if w != "-q"]  # after the interpreter; -q twice lists files only
-        out = subprocess.run([sys.executable, *args, "--collect-only", "-q"], cwd=root, capture_output=True,
-                             text=True, env={**os.environ, **env}).stdout
-        for item in (ln for ln in out.splitlines() if "::" in ln):
-            selected[item] = env.get("COURSE_EMULATE_TF32") == "1"
-    for nb in ("notebooks/08_data_parallel.ipynb", "notebooks/09_model_parallel.ipynb",
-               "solutions/08_data_parallel.ipynb"):
-        cells = [emulated for item, emulated in selected.items() if item.startswith(nb)]
-        assert cells and all(cells), f"make test-emulated does not run {nb} under COURSE_EMULATE_TF32=1"
-    assert any(item.startswith("tests/test_amp_rules.py") for item in selected)
+        args = words[words.index("pytest") + 1:]  # after `python -m pytest`
+        expr = Expression.compile(args[args.index("-m") + 1]) if "-m" in args else None
+        paths = [a for a in args if not a.startswith("-") and (root / a).exists()]
+
+        def selected(marks, expr=expr):
+            return expr is None or expr.evaluate(lambda name: name in marks)
+        runs.append((env, paths, selected(set()), selected({"emulated"})))
+    assert runs, recipe
+    assert any(env.get("COURSE_EMULATE_TF32") == "1" and "solutions/08_data_parallel.ipynb" in paths and cell
+               for env, paths, cell, _ in runs), ("make test-emulated does not run solutions/08 under "
+                                                  f"COURSE_EMULATE_TF32=1: {runs}")
+    assert any("tests" in paths and emulated for _, paths, _, emulated in runs), runs
+
+
+def test_the_recipe_reader_rejects_the_old_recipe():
+    """The check above can fail: `-m emulated` selects no notebook cell, `-m "not grader"` does."""
+    from _pytest.mark.expression import Expression
+
+    assert not Expression.compile("emulated").evaluate(lambda name: False)
+    assert Expression.compile("not grader").evaluate(lambda name: False)
+
+
+KERNEL_SEES = "import os\nassert os.environ.get('COURSE_EMULATE_TF32') == {!r}, os.environ.get('COURSE_EMULATE_TF32')"
+
+
+def test_the_suite_runs_notebooks_08_and_09_on_tf32_ranks(tmp_path):
+    """make test runs notebooks 08 and 09 once, their kernels (and the ranks they launch) under
+    COURSE_EMULATE_TF32=1 (conftest.py's setup hook): a notebook of either name sees it in its
+    kernel, another notebook does not. Without the hook (the old suite ran them plain here and
+    again in make test-emulated) the first two notebooks' asserts fail. One pytest run, three
+    kernels, as make test runs them."""
+    import os
+    import subprocess
+    import sys
+
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from course_utils.tf32 import ENV_VAR
+
+    root = readme.README.parent
+    paths = []
+    for name, expected in (("08_data_parallel.ipynb", "1"), ("09_model_parallel.ipynb", "1"),
+                           ("07_checkpointing.ipynb", None)):
+        folder = tmp_path / name[:2]
+        folder.mkdir()
+        nbformat.write(new_notebook(cells=[new_code_cell(KERNEL_SEES.format(expected))]), folder / name)
+        paths.append(str(folder / name))
+    env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:xdist",
+                        "-p", "no:cacheprovider", "--nbval-lax", "--rootdir", str(tmp_path), "-c", os.devnull,
+                        *paths], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-2000:])
+    assert "3 passed" in r.stdout, r.stdout[-2000:]
+
+
+def test_ranks_on_tf32_for_keeps_an_explicit_setting(monkeypatch):
+    """An explicit COURSE_EMULATE_TF32=0 (exact ranks, asked for) is kept, and the variable is
+    removed again after a notebook it was set for."""
+    import os
+
+    from course_utils.tf32 import ENV_VAR, ranks_on_tf32_for
+
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    with ranks_on_tf32_for("notebooks/09_model_parallel.ipynb") as set_it:
+        assert set_it and os.environ[ENV_VAR] == "1"
+    assert ENV_VAR not in os.environ
+    with ranks_on_tf32_for("notebooks/07_checkpointing.ipynb") as set_it:
+        assert not set_it and ENV_VAR not in os.environ
+    monkeypatch.setenv(ENV_VAR, "0")
+    with ranks_on_tf32_for("solutions/08_data_parallel.ipynb") as set_it:
+        assert not set_it and os.environ[ENV_VAR] == "0"
+    assert os.environ[ENV_VAR] == "0"
 
 
 def test_timing_one_notebook_merges_into_the_committed_rows():

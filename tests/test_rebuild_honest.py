@@ -199,7 +199,8 @@ def test_an_attribute_set_by_a_statement_not_run_is_named():
     assert "AttributeError" in msg and "course_utils.ELEMENT_SIZE is set by code cell 2, line 1" in msg
 
 
-# -- end to end: one submission through the real grader (make test-grader) --------------------------
+# -- end to end: one submission through the real grader (make test-sweep, not CI: CI's CPU, .ci/run) -
+@pytest.mark.sweep
 @pytest.mark.grader
 @pytest.mark.timeout(900)
 def test_one_submission_through_the_grader(tmp_path):

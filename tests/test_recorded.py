@@ -53,3 +53,20 @@ def test_bad_values_and_keys(tmp_path, monkeypatch):
         recorded.record("x", object())
     with pytest.raises(ValueError, match="record key"):
         recorded.record("bad key", 1)
+
+
+def test_an_installed_wheel_reads_the_unzipped_courses_recorded_folder(tmp_path, monkeypatch):
+    # course_utils installed from its wheel (a hosted notebook): no checkout's recorded/ beside the
+    # package, but make dist's zip unpacked as course/{notebooks,recorded}, the kernel in notebooks/
+    monkeypatch.delenv(recorded.SHOW_ENV_VAR, raising=False)
+    monkeypatch.setattr(recorded, "RECORDED", tmp_path / "site-packages" / "recorded")
+    raw, course = tmp_path / "raw", tmp_path / "course"
+    (course / "notebooks").mkdir(parents=True)
+    monkeypatch.setenv(recorded.ENV_VAR, str(raw))
+    recorded.record("00/context", {"context_MiB": 517.2})
+    recorded.collect(raw, course / "recorded" / "TestGPU.json")
+    monkeypatch.chdir(course / "notebooks")
+    assert recorded.recorded_folder() == course / "recorded"
+    assert recorded.lookup("00/context").value == {"context_MiB": 517.2}
+    monkeypatch.setenv(recorded.SHOW_ENV_VAR, str(tmp_path / "elsewhere"))
+    assert recorded.lookup("00/context") is None

@@ -174,6 +174,7 @@ def test_make_check_fails_each_typical_wrong_answer_on_its_part(copy):
 
 
 @pytest.mark.grader
+@pytest.mark.sweep  # every solution top to bottom (8-9 min on a loaded machine): make test-sweep, not CI
 def test_every_solution_passes_make_check_and_the_teacher_parts_are_the_readmes(copy):
     """The whole course: each solution in the release passes every part the release can check,
     and the parts it leaves to the teacher are the ones the README's table names."""

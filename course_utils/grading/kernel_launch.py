@@ -57,7 +57,7 @@ def limit_output(max_bytes: int) -> None:
             if crossed_in[0] is None:
                 crossed_in[0] = count
             if count == crossed_in[0]:
-                raise OutputLimitExceeded(f"the notebook printed more than {max_bytes // 2**20} MiB")
+                raise OutputLimitExceeded(f"the notebook printed more than {max_bytes / 2**20:g} MiB")
             return len(string)
         sent[0] += len(string)
         return original(self, string)

@@ -61,7 +61,7 @@ CONTENTS = {
     "pyproject.toml": "the package, its dependencies and the test settings of `make test`",
     "constraints.txt": "the torch version `make install` installs",
     "environment.yml": "the same environment for conda",
-    "conftest.py": "pytest settings: one torch thread per worker",
+    "conftest.py": "pytest settings: one torch thread per worker, notebooks 08 and 09 on TF32 ranks",
 }
 
 

@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
 
 from .cuda import CudaPeak, cuda_peak, require_cuda
-from .hook_table import MemoryLog, _check_model_and_input, log_step
 from .meters import SavedTensorMeter
 from .units import mib
+
+if TYPE_CHECKING:  # hook_table imports MemTracker (torch.distributed, dynamo): on first use only
+    from .hook_table import MemoryLog
 
 
 @contextlib.contextmanager
@@ -178,6 +180,8 @@ def predict_step(
     # 0.11 s of seed 003's 0.16 s prediction in a notebook-sized process (0.9 s of 1.4 s for seed
     # 000's large U-Net), the same predictions with generation 1 take 0.025 s and 0.56 s
     import gc
+
+    from .hook_table import _check_model_and_input, log_step
 
     gc.collect(1)
     mode = FakeTensorMode() if fake else contextlib.nullcontext()

@@ -1,0 +1,368 @@
+"""The course on a hosted GPU notebook (Colab, Kaggle, a JupyterHub) that has its own CUDA torch.
+
+    python -m course_utils.hosted --update-cells   # put SETUP_CELL first in every notebook (after the title)
+    python -m course_utils.hosted --check-cells    # exit 1 if a notebook's setup cell is missing or stale
+    python -m course_utils.hosted --tiers          # rewrite the tiers table in docs/hosted-gpu.md
+    python -m course_utils.hosted --dist [DIR]     # the wheel and the learner's zip in DIR (make dist)
+
+``SETUP_CELL`` is the first code cell of every notebook, exercise and solution (and of the
+scaffold's templates): where ``course_utils`` cannot be imported it installs the course's wheel
+found beside the notebook (or what ``$COURSE_UTILS_SOURCE`` names) with pip constrained to the
+installed torch, so pip can never replace it; on a checkout it does nothing and prints nothing.
+It cannot import ``course_utils`` (that is what it installs), so it is plain code, written here
+once and copied into the notebooks by ``--update-cells``; ``tests/test_hosted.py`` checks every copy.
+
+``tiers()`` answers "what can each free GPU tier run" with the course's own predictor
+(``explorer.estimate``, ``limit_test.run_limit_test``) against a card's usable memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "hosted-gpu.md"
+#: the website's copy of DOC (site/build.py publishes site/pages/*.md)
+SITE_PAGE = ROOT / "site" / "pages" / "run_on_a_hosted_gpu.md"
+#: the first GPU run's benchmark of the large net (what a T4's verdict can be checked against)
+FIRST_GPU_RUN = ROOT / "docs" / "gpu-runs" / "2026-11-24-h100" / "benchmark-large.json"
+SITE_NOTE = "<!-- generated from docs/hosted-gpu.md by python -m course_utils.hosted --tiers: edit that file -->\n"
+#: torch versions the course is tested on (pyproject.toml's dependency; a test checks they agree)
+TORCH_RANGE = ((2, 11), (2, 16))
+#: every notebook that gets the setup cell, and the scaffold's templates
+NOTEBOOK_GLOBS = ("notebooks/[0-9][0-9]_*.ipynb", "solutions/[0-9][0-9]_*.ipynb",
+                  "course_utils/templates/notebook.ipynb", "course_utils/templates/solution.ipynb")
+#: the cell's metadata: a tag a site build or a test can find it by
+TAG = "course-setup"
+
+SETUP_CELL = '''\
+# Setup for a hosted notebook (Colab, Kaggle, JupyterHub): installs course_utils if it is missing,
+# keeping this machine's torch. On a checkout of the course it does nothing. See docs/hosted-gpu.md.
+def _course_setup(tested=((%d, %d), (%d, %d))):
+    import glob, importlib, importlib.util, os, re, subprocess, sys, tempfile  # noqa: F811 (a later cell may import them too)
+    if importlib.util.find_spec("course_utils"):
+        return
+    wheels = sorted(w for p in ("", "../", "*/", "/content/*/", "/content/drive/MyDrive/*/", "/kaggle/input/*/",
+                                "/kaggle/input/*/*/") for w in glob.glob(p + "course_utils-*.whl"))
+    src = os.environ.get("COURSE_UTILS_SOURCE") or (wheels[-1] if wheels else None)
+    if src is None:
+        raise RuntimeError("course_utils is not installed and no course_utils-*.whl is beside this notebook, one "
+                           "folder up or under /content or /kaggle/input. Fix: upload and unzip the course's zip "
+                           "(make dist), or set COURSE_UTILS_SOURCE to a wheel or 'git+https://...' of the course.")
+    pip = [sys.executable, "-m", "pip", "install", "-q"]
+    if importlib.util.find_spec("torch") is None:
+        subprocess.check_call(pip + [src])
+        print(f"installed course_utils from {src}, with a torch in the tested range (there was none)")
+        return
+    from importlib.metadata import version
+    torch_v = version("torch")
+    keep = os.path.join(tempfile.mkdtemp(), "keep-torch.txt")
+    with open(keep, "w") as f:
+        f.write(f"torch=={torch_v}\\n")
+    if tested[0] <= tuple(int(x) for x in re.findall(r"\\d+", torch_v)[:2]) < tested[1]:
+        subprocess.check_call(pip + ["-c", keep, src])
+        print(f"installed course_utils from {src}; torch {torch_v} kept (pip was constrained to it)")
+    else:
+        subprocess.check_call(pip + ["--no-deps", src])
+        subprocess.check_call(pip + ["-c", keep, "numpy", "pandas", "matplotlib", "tqdm"])
+        print(f"torch {torch_v} is outside the versions the course is tested on (>=%d.%d,<%d.%d): installed "
+              f"course_utils from {src} without its dependencies, torch {torch_v} kept; some cells may fail")
+    importlib.invalidate_caches()
+
+
+_course_setup()'''
+SETUP_CELL = SETUP_CELL % (*TORCH_RANGE[0], *TORCH_RANGE[1], *TORCH_RANGE[0], *TORCH_RANGE[1])
+
+
+# --------------------------------------------------------------------------------------------
+# The setup cell in every notebook
+# --------------------------------------------------------------------------------------------
+def notebook_paths(root: Path = ROOT) -> list[Path]:
+    """Every notebook that carries the setup cell (exercises/ get it from their solutions)."""
+    return sorted(p for g in NOTEBOOK_GLOBS for p in root.glob(g))
+
+
+def setup_cell_index(nb: dict) -> int | None:
+    """Where the setup cell is: the code cell tagged ``TAG``, or None."""
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] == "code" and TAG in cell.get("metadata", {}).get("tags", []):
+            return i
+    return None
+
+
+def _source(cell: dict) -> str:
+    return cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+
+
+def with_setup_cell(nb: dict) -> dict:
+    """``nb`` (a notebook's JSON) with SETUP_CELL as its first code cell, right after the title
+    (a markdown cell): inserted when missing, its text replaced when stale; in the style the file
+    already has (source as one string or as lines), so that only the cell shows in a diff."""
+    as_lines = not any(isinstance(c["source"], str) for c in nb["cells"])
+    source = SETUP_CELL.splitlines(keepends=True) if as_lines else SETUP_CELL
+    i = setup_cell_index(nb)
+    if i is None:
+        cell = {"cell_type": "code", "execution_count": None, "id": TAG, "metadata": {"tags": [TAG]},
+                "outputs": [], "source": source}
+        if nb.get("nbformat_minor", 0) < 5:
+            del cell["id"]
+        at = 1 if nb["cells"] and nb["cells"][0]["cell_type"] == "markdown" else 0
+        nb["cells"].insert(at, cell)
+    else:
+        nb["cells"][i]["source"] = source
+    return nb
+
+
+def cell_problems(root: Path = ROOT) -> list[str]:
+    """Each notebook whose setup cell is missing, stale, or not the first code cell, with the fix."""
+    fix = "Fix: python -m course_utils.hosted --update-cells (then python -m course_utils.grading.generate)"
+    out = []
+    for path in notebook_paths(root) + sorted(root.glob("exercises/[0-9][0-9]_*.ipynb")):
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        i = setup_cell_index(nb)
+        name = path.relative_to(root)
+        first_code = next((k for k, c in enumerate(nb["cells"]) if c["cell_type"] == "code"), None)
+        if i is None:
+            out.append(f"{name}: no setup cell (a code cell tagged {TAG!r}). {fix}")
+        elif _source(nb["cells"][i]) != SETUP_CELL:
+            out.append(f"{name}: its setup cell differs from course_utils.hosted.SETUP_CELL. {fix}")
+        elif i != first_code:
+            out.append(f"{name}: the setup cell is code cell {i}, not the first code cell: it must run "
+                       "before anything imports course_utils. Move it right after the title.")
+    return out
+
+
+def update_cells(root: Path = ROOT) -> list[str]:
+    """Write SETUP_CELL into every notebook that lacks it or has a stale copy; returns their names."""
+    changed = []
+    for path in notebook_paths(root):
+        text = path.read_text(encoding="utf-8")
+        new = json.dumps(with_setup_cell(json.loads(text)), indent=1, ensure_ascii=False) + "\n"
+        if new != text:
+            path.write_text(new, encoding="utf-8")
+            changed.append(str(path.relative_to(root)))
+    return changed
+
+
+# --------------------------------------------------------------------------------------------
+# What each free GPU tier can run: the course's predictor against a card's usable memory
+# --------------------------------------------------------------------------------------------
+#: a T4's memory as PyTorch sees it on hosted notebooks: "GPU 0 has a total capacity of 14.74 GiB"
+#: (Colab, in zai-org/CogVideo#741's OOM message) and 14.56 GiB (a GCP T4, Zheng-Chong/CatVTON#133):
+#: the lower of the two, of the nominal 16 GB (ECC and the driver's reservations take the rest)
+T4_TOTAL_GIB = 14.56
+
+
+def _unet_step() -> tuple[int, str]:
+    """Seed 000's large U-Net, batch 2, one training step: the heaviest of its precisions."""
+    from .explorer import PRECISIONS, Config, estimate
+
+    peaks = {p: estimate(Config(levels=5, precision=p, batch=2)).total for p in PRECISIONS}
+    worst = max(peaks, key=peaks.get)
+    return peaks[worst], f"seed 000's large U-Net, batch 2, {worst} (the heaviest precision)"
+
+
+def _limit_step() -> tuple[int, str]:
+    from .config import PRESETS
+    from .limit_test import run_limit_test
+
+    n = max(PRESETS["full"].limit_test_ns)
+    return run_limit_test(n).peak, f"seed 003's Conv3d net at N = {n}, fp32 (the full preset's largest N)"
+
+
+def _caching_demo() -> tuple[int, str]:
+    import inspect
+
+    from .allocator import caching_demo
+    from .memory import MiB
+
+    size = inspect.signature(caching_demo).parameters["mib_per_tensor"].default
+    return 2 * size * MiB, f"the caching demo: two {size} MiB tensors (no training step)"
+
+
+def _parallel_step() -> tuple[int, str]:
+    """Notebooks 08-09 on two GPUs: their parallel runs use a small U-Net (notebook 09's GPU
+    configuration: 3 levels, 16 channels, 32 x 64 x 64, global batch 8); the whole step on one
+    GPU bounds what each of two ranks holds."""
+    from .explorer import Config, estimate
+
+    cfg = Config(levels=3, base_channels=16, volume=(32, 64, 64), batch=8, precision="fp32", seed000=False)
+    return estimate(cfg).total, "the parallel demos' U-Net (3 levels, 16 channels, 32x64x64, batch 8), whole step"
+
+
+#: notebook(s) -> (what bounds its GPU memory at the full preset, GPUs it needs for that part)
+WORKLOADS = (
+    ("00", _caching_demo, 1),
+    ("01, 02, 04, 05, 06, 07, 10", _unet_step, 1),  # 05-07's techniques and 10's winner only lower it
+    ("03", _limit_step, 1),
+    ("08, 09: the NCCL parts", _parallel_step, 2),
+)
+
+
+def tiers(total_gib: float = T4_TOTAL_GIB) -> list[dict]:
+    """One row per workload: its predicted peak, what a card needs for it (the explorer's
+    ``Overheads``: CUDA context and slack) and whether a T4 holds it."""
+    from .explorer import overheads
+    from .memory import GiB, MiB
+
+    over = overheads()
+    rows = []
+    for notebooks, fn, gpus in WORKLOADS:
+        peak, what = fn()
+        needs = over.needed(peak)
+        rows.append({"notebooks": notebooks, "heaviest step at the full preset": what,
+                     "predicted allocated MiB": round(peak / MiB), "card needs MiB": round(needs / MiB),
+                     "T4 usable MiB": round(total_gib * GiB / MiB), "gpus": gpus,
+                     "fits": needs <= total_gib * GiB, "room MiB": round((total_gib * GiB - needs) / MiB)})
+    return rows
+
+
+def render_tiers(total_gib: float = T4_TOTAL_GIB) -> str:
+    """The markdown block of docs/hosted-gpu.md between ``<!-- BEGIN tiers -->`` and ``<!-- END tiers -->``."""
+    from .explorer import overheads
+
+    rows = tiers(total_gib)
+    lines = ["| notebooks | heaviest step at the full preset | predicted allocated | a card needs | "
+             "on a T4 (%.2f GiB) | GPUs |" % total_gib, "|---|---|---:|---:|---|---|"]
+    for r in rows:
+        verdict = (f"fits, {r['room MiB']:,} MiB to spare" if r["fits"]
+                   else f"does not fit: {-r['room MiB']:,} MiB short")
+        lines.append(f"| {r['notebooks']} | {r['heaviest step at the full preset']} | "
+                     f"{r['predicted allocated MiB']:,} MiB | {r['card needs MiB']:,} MiB | {verdict} | "
+                     f"{'2 x T4 (one per rank)' if r['gpus'] == 2 else '1'} |")
+    one = all(r["fits"] for r in rows if r["gpus"] == 1)
+    two = all(r["fits"] for r in rows)
+    lines += ["", f"Predicted by `python -m course_utils.hosted --tiers` (`explorer.estimate`, "
+              f"`limit_test.run_limit_test`: the steady-state step, 512-byte blocks); a card needs the "
+              f"prediction plus the explorer's overheads: {overheads().source}.",
+              "", f"- **One T4** (Colab free, Kaggle): {'every notebook at the full preset' if one else 'not every notebook'}"
+              "; notebooks 08 and 09 run their two ranks on the CPU (gloo) and show the 2-GPU figures as recorded.",
+              f"- **Two T4** (Kaggle's 'GPU T4 x2'): {'also' if two else 'not'} the NCCL parts of 08 and 09, "
+              "one rank per card."]
+    from .config import PRESETS
+    from .limit_test import input_bytes
+    from .memory import GiB, MiB
+
+    worst = max(rows, key=lambda r: r["card needs MiB"])
+    n = max(PRESETS["full"].limit_test_ns)
+    miss003 = 6 * input_bytes(n) / MiB  # docs/gpu-runs/2026-11-24-h100.md, "What did not", 3.
+    room003 = next(r["room MiB"] for r in rows if r["notebooks"] == "03")
+    run = json.loads(FIRST_GPU_RUN.read_text(encoding="utf-8"))
+    base = next(r for r in run["rows"] if r["technique"] == "baseline fp32")
+    miss = 100 * (base["measured peak MiB"] / base["predicted peak MiB"] - 1)
+    t4_mib = T4_TOTAL_GIB * GiB / MiB
+    lines += ["", f"If a T4 gives less than assumed, the answer moves at {worst['card needs MiB'] * MiB / GiB:.2f} GiB: "
+              f"below that, notebooks {worst['notebooks']} no longer fit at the full preset. Where the "
+              "prediction itself misses: the first GPU run (docs/gpu-runs/2026-11-24-h100.md) measured the large "
+              f"U-Net's step {miss:+.1f} % from it, and seed 003's net 6 input volumes above it "
+              f"({miss003:,.0f} MiB at N = {n}: {'within' if miss003 < room003 else 'more than'} notebook 03's "
+              f"{room003:,} MiB of room).",
+              "", f"**Not yet measured on a T4.** In that run the large U-Net's fp32 step at batch 2 left the "
+              f"allocator holding {base['measured reserved MiB']:,} MiB (the driver saw "
+              f"{base['driver used MiB']:,} MiB) for {base['measured peak MiB']:,} MiB allocated: "
+              f"{100 * (base['measured reserved MiB'] / base['measured peak MiB'] - 1):.0f} % of cache, not the "
+              f"10 % slack assumed, on an 80 GB card where nothing made it give memory back. A T4 shows "
+              f"{t4_mib:,.0f} MiB. Before it reports an out-of-memory error, PyTorch's caching allocator frees its "
+              "unused cached blocks and retries, so the cache is not a requirement, but fragmentation can be: "
+              "the verdict for notebooks " + worst["notebooks"] + " is predicted, and the first T4 run (or a GPU "
+              "run with `torch.cuda.set_per_process_memory_fraction` set to a T4's memory) settles it. If it "
+              "fails there, `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (segments that grow, so less "
+              "fragmentation) is the first thing to try."]
+    return "\n".join(lines) + "\n"
+
+
+def site_page(doc_text: str) -> str:
+    """The website's page: docs/hosted-gpu.md as it is."""
+    return SITE_NOTE + doc_text
+
+
+def update_tiers(doc: Path = DOC, page: Path = SITE_PAGE) -> bool:
+    """Rewrite the tiers block of ``doc`` and its copy ``page``; True if either changed."""
+    from .readme import replace_block
+
+    text = doc.read_text(encoding="utf-8")
+    new = replace_block(text, "tiers", render_tiers())
+    changed = new != text or not page.exists() or page.read_text(encoding="utf-8") != site_page(new)
+    if changed:
+        doc.write_text(new, encoding="utf-8")
+        page.write_text(site_page(new), encoding="utf-8")
+    return changed
+
+
+# --------------------------------------------------------------------------------------------
+# make dist: the wheel and the learner's zip
+# --------------------------------------------------------------------------------------------
+#: what the learner's zip holds beside the wheel: the notebooks, the exercises (no solutions) and
+#: what their links point to (README.md, docs/*.md); recorded GPU figures when there are any
+ZIP_GLOBS = ("notebooks/[0-9][0-9]_*.ipynb", "exercises/[0-9][0-9]_*.ipynb", "README.md", "docs/*.md",
+             "docs/gpu-runs/*.md", "recorded/*.json")
+ZIP_TOP = "gpu-memory-course"
+
+
+def build_wheel(out: Path, root: Path = ROOT) -> Path:
+    """``pip wheel --no-deps`` of the checkout into ``out``; returns the wheel."""
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("course_utils-*.whl"):
+        old.unlink()
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(out), str(root)], check=True)
+    wheels = sorted(out.glob("course_utils-*.whl"))
+    if len(wheels) != 1:
+        raise RuntimeError(f"expected one course_utils wheel in {out}, found {[w.name for w in wheels]}")
+    return wheels[0]
+
+
+def build_zip(wheel: Path, out: Path, root: Path = ROOT) -> Path:
+    """``out/gpu-memory-course.zip``: one folder with notebooks/, exercises/, README.md, docs/ and
+    the wheel at its top, so that ``../exercises/NN.ipynb`` from a notebook still resolves and the
+    setup cell finds the wheel one folder up."""
+    files = sorted({p for g in ZIP_GLOBS for p in root.glob(g)})
+    if not any(p.parent.name == "exercises" for p in files):
+        raise FileNotFoundError(f"no exercises under {root / 'exercises'}: run python -m course_utils.grading.generate")
+    path = out / f"{ZIP_TOP}.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for p in files:
+            z.write(p, f"{ZIP_TOP}/{p.relative_to(root).as_posix()}")
+        z.write(wheel, f"{ZIP_TOP}/{wheel.name}")
+    return path
+
+
+def dist(out: Path = ROOT / "dist", root: Path = ROOT) -> tuple[Path, Path]:
+    wheel = build_wheel(out, root)
+    shutil.rmtree(root / "build" / "lib", ignore_errors=True)  # setuptools' staging copy, not the site's
+    return wheel, build_zip(wheel, out, root)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m course_utils.hosted", description=__doc__.split("\n")[0])
+    ap.add_argument("--update-cells", action="store_true", help="write SETUP_CELL into every notebook")
+    ap.add_argument("--check-cells", action="store_true", help="exit 1 if a notebook's setup cell is missing or stale")
+    ap.add_argument("--tiers", action="store_true", help=f"rewrite the tiers block of {DOC.relative_to(ROOT)}")
+    ap.add_argument("--dist", nargs="?", const=str(ROOT / "dist"), metavar="DIR", help="build the wheel and the zip")
+    args = ap.parse_args(argv)
+    if not (args.update_cells or args.check_cells or args.tiers or args.dist):
+        ap.error("nothing to do: give --update-cells, --check-cells, --tiers or --dist")
+    if args.update_cells:
+        changed = update_cells()
+        print(f"setup cell written into {len(changed)} notebook(s)" + (f": {', '.join(changed)}" if changed else ""))
+    if args.check_cells:
+        problems = cell_problems()
+        print("\n".join(problems) or "every notebook has the current setup cell")
+        if problems:
+            return 1
+    if args.tiers:
+        print(f"{DOC.relative_to(ROOT)}: " + ("tiers table rewritten" if update_tiers() else "tiers table up to date"))
+    if args.dist:
+        wheel, zpath = dist(Path(args.dist))
+        print(f"wheel: {wheel}\nzip:   {zpath} (notebooks, exercises, README, docs and the wheel)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
