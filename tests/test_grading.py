@@ -1,13 +1,11 @@
 """The grading machinery: the generator's rules (nbgrader's), source stripping, rebuilding a
-notebook's definitions, the student release, and the grader on a small class and its command
-line. The cheats of issue 16 run in tests/test_grading_class.py (make test-grader)."""
+notebook's definitions, the student release, the grader's environment and its command line. A
+class graded for real (honest work, the report, the cheats of issue 16) is in
+tests/test_grading_class.py (make test-grader)."""
 
 import csv
 import json
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import nbformat
@@ -17,7 +15,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from course_utils.grading import generate, limits
 from course_utils.grading.core import Raised
 from course_utils.grading.generate import SolutionFormatError, make_exercise, stub_cell_source
-from course_utils.grading.grade import Options, grade_many, main as grade_main, summary
+from course_utils.grading.grade import Options, main as grade_main
 from course_utils.grading.notebook_code import graded_objects, rebuild
 from course_utils.grading.release import check_release, release
 from course_utils.grading.strip import strip_source
@@ -188,38 +186,9 @@ def test_release_has_no_answers_and_its_checks_still_work(tmp_path):
                                      "0.0"]
 
 
-# -- the grader on a small class, and its command line -------------------------------------------------
+# -- what the grader's processes import (a class graded for real: tests/test_grading_class.py) -------------
 def write(folder, name, nb):
     nbformat.write(nb, folder / name)
-
-
-@pytest.fixture(scope="module")
-def small_class(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("small")
-    write(folder, "00_alice.ipynb", nbformat.read(SOLUTION, as_version=4))
-    bob = nbformat.read(EXERCISE, as_version=4)
-    bob.cells.insert(2, new_code_cell("x = 1"))
-    bob.cells.insert(3, new_code_cell(""))
-    bob.cells.insert(4, new_code_cell("raise ValueError('a reason that is longer than one hundred and twenty "
-                                      "characters, so that the old report would have cut it off in the middle "
-                                      "of the sentence')"))
-    write(folder, "00_bob.ipynb", bob)
-    (folder / "notes.ipynb").write_text(nbformat.writes(bob))
-    (folder / "99_unknown.ipynb").write_text(nbformat.writes(bob))
-    return {r.submission: r for r in grade_many([str(folder)], Options(cell_timeout=30), progress=False)}
-
-
-def test_small_class(small_class):
-    alice, bob = small_class["00_alice.ipynb"], small_class["00_bob.ipynb"]
-    assert (alice.score, alice.max_score, alice.notes) == (5, 5, [])
-    assert bob.score == 0 and all(p["message"].startswith("not implemented yet") for p in bob.parts)
-    # numbered as JupyterLab shows them: code cells only, the empty cell gets no number
-    note = next(n for n in bob.notes if "ValueError" in n)
-    assert note.startswith("cell [3] (code cell 4) raised ValueError: a reason") and note.endswith("sentence")
-    assert small_class["notes.ipynb"].status == small_class["99_unknown.ipynb"].status == "not graded"
-    table = summary(list(small_class.values()))
-    assert "exercise 00 (A tensor's size, and new memory): 2 submission(s), mean 50.0 %" in table
-    assert "not graded (2):" in table
 
 
 def test_submissions_import_what_pythonpath_installed_but_never_the_course(tmp_path, monkeypatch):
@@ -236,31 +205,6 @@ def test_submissions_import_what_pythonpath_installed_but_never_the_course(tmp_p
     assert env["PYTHONPATH"].split(os.pathsep) == [str(tmp_path / "lib"), str(site)]
     monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])
     assert str(site) in limits.python_read_paths()  # and Landlock lets the submission read them
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_CHILD_SUBREAPER is Linux's")
-def test_grading_leaves_this_process_no_subreaper_and_no_zombies(small_class):
-    # a CI run failed when the grader, run inside pytest, left pytest a subreaper for good: every
-    # orphan the later parallel-launch tests made became pytest's zombie
-    assert not limits.is_subreaper()
-    before = limits._children()
-
-    def poll(cond, seconds=20.0):  # a loaded machine (make test on every core) is slow to fork
-        deadline = time.monotonic() + seconds
-        while not (got := cond()) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return got
-
-    with limits.subreaper() as ok:
-        assert ok and limits.is_subreaper()
-        # a child that starts a grandchild and exits at once: the grandchild, still running, is
-        # adopted by us (seen as our child), then ends and waits to be reaped
-        subprocess.run([sys.executable, "-c", "import subprocess; subprocess.Popen(['sleep', '0.5'])"], check=True)
-        adopted = poll(lambda: limits._children() - before)
-        assert adopted, "the orphan should have been adopted by this process"
-        poll(lambda: all(not os.path.exists(f"/proc/{p}") or limits._is_zombie(p) for p in adopted))
-    assert not limits.is_subreaper()
-    assert not (adopted & limits._children()), "the adopted orphan was not reaped when the block ended"
 
 
 # -- the command line --------------------------------------------------------------------------

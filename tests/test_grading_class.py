@@ -5,6 +5,8 @@ written, the report and the command line behave.
 The class runs once per grader configuration (module fixtures); each test reads its rows."""
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -153,21 +155,24 @@ def protect_checks():
         pytest.fail("the disk edit of a submission stayed in the repository")
 
 
+#: what an untouched exercise with one cell of its own that raises looks like in the report: the
+#: cells numbered as JupyterLab shows them (code cells only; an empty cell gets no number), the
+#: message whole
+BOB_CELLS = ("x = 1", "", "raise ValueError('a reason that is longer than one hundred and twenty characters, so "
+             "that the old report would have cut it off in the middle of the sentence')")
+
+
 @pytest.fixture(scope="module")
 def sandboxed_class(tmp_path_factory, protect_checks):
-    """The default grader (Landlock where the kernel has it)."""
+    """The default grader (Landlock where the kernel has it), on the cheats CI grades."""
     folder = tmp_path_factory.mktemp("class")
-    write(folder, "00_a_correct.ipynb", notebook(SOLUTION))
-    write(folder, "00_b_untouched.ipynb", notebook(EXERCISE))
+    write(folder, "00_a_correct.ipynb", notebook(SOLUTION, HONEST_NAMES))
+    write(folder, "00_b_untouched.ipynb", notebook(EXERCISE, *BOB_CELLS, at=2))
     write(folder, "00_c_fake_run_exercise.ipynb", notebook(EXERCISE, FAKE_RUN))
-    write(folder, "00_d_post_run_hook.ipynb", notebook(EXERCISE, POST_RUN_HOOK, at=3))
     write(folder, "00_e_patched_allclose.ipynb", notebook(EXERCISE, PATCH_ALLCLOSE, at=3))
     write(folder, "00_f_disk_edit.ipynb", notebook(EXERCISE, DISK_EDIT, at=3))
     write(folder, "00_g_untouched_after_edit.ipynb", notebook(EXERCISE))
     write(folder, "00_h_reads_solutions.ipynb", notebook(EXERCISE, READ_SOLUTIONS))
-    write(folder, "00_i_exec_solution.ipynb", notebook(EXERCISE, SOLUTION_VIA_EXEC))
-    write(folder, "00_j_fakes_reference.ipynb", notebook(EXERCISE, FAKE_TENSOR_NBYTES))
-    write(folder, "00_k_honest_names.ipynb", notebook(SOLUTION, HONEST_NAMES))
     write(folder, "00_l_bare_except_loop.ipynb", notebook(SOLUTION, BARE_EXCEPT_LOOP, at=6))
     write(folder, "00_m_flood.ipynb", notebook(SOLUTION, FLOOD, at=6))
     write(folder, "00_n_memory_hog.ipynb", notebook(SOLUTION, MEMORY_HOG, at=6))
@@ -180,6 +185,20 @@ def sandboxed_class(tmp_path_factory, protect_checks):
     return {r.submission: r for r in results}, time.monotonic() - t0, folder
 
 
+@pytest.fixture(scope="module")
+def sweep_class(tmp_path_factory, protect_checks):
+    """The same grader on the other in-memory cheats (make test-sweep): each is a way around the
+    one defence CI's class already tests (a fresh process judges, with its own copy of the checks)."""
+    folder = tmp_path_factory.mktemp("class_sweep")
+    write(folder, "00_d_post_run_hook.ipynb", notebook(EXERCISE, POST_RUN_HOOK, at=3))
+    write(folder, "00_i_exec_solution.ipynb", notebook(EXERCISE, SOLUTION_VIA_EXEC))
+    write(folder, "00_j_fakes_reference.ipynb", notebook(EXERCISE, FAKE_TENSOR_NBYTES))
+    write(folder, "00_k_honest_names.ipynb", notebook(SOLUTION, HONEST_NAMES))
+    results = grade_many([str(folder)], Options(cell_timeout=3, grace=2, memory_gib=3, max_output_mib=OUTPUT_LIMIT_MIB),
+                         progress=False)
+    return {r.submission: r for r in results}, folder
+
+
 def row(cls, name):
     return cls[0][name]
 
@@ -187,7 +206,13 @@ def row(cls, name):
 def test_correct_and_untouched(sandboxed_class):
     a, b = row(sandboxed_class, "00_a_correct.ipynb"), row(sandboxed_class, "00_b_untouched.ipynb")
     assert (a.score, a.max_score, a.notes) == (5, 5, [])
-    assert b.score == 0 and all("not implemented yet" in p["message"] for p in b.parts)
+    assert b.score == 0 and all(p["message"].startswith("not implemented yet") for p in b.parts), b.parts
+
+
+def test_a_cell_that_raises_is_named_as_jupyterlab_numbers_it_with_its_whole_message(sandboxed_class):
+    b = row(sandboxed_class, "00_b_untouched.ipynb")
+    note = next(n for n in b.notes if "ValueError" in n)
+    assert note.startswith("cell [3] (code cell 4) raised ValueError: a reason") and note.endswith("sentence"), note
 
 
 def test_timeout_of_three_seconds_does_not_zero_correct_work(sandboxed_class):
@@ -196,10 +221,16 @@ def test_timeout_of_three_seconds_does_not_zero_correct_work(sandboxed_class):
     assert a.score == 5 and all(c["status"] == "ok" for c in a.cells)
 
 
-@pytest.mark.parametrize("name", ["00_c_fake_run_exercise.ipynb", "00_d_post_run_hook.ipynb",
-                                  "00_e_patched_allclose.ipynb", "00_j_fakes_reference.ipynb"])
+@pytest.mark.parametrize("name", ["00_c_fake_run_exercise.ipynb", "00_e_patched_allclose.ipynb"])
 def test_patching_the_kernel_or_the_checks_in_memory_wins_nothing(sandboxed_class, name):
     r = row(sandboxed_class, name)
+    assert r.score == 0, r.parts
+
+
+@SWEEP
+@pytest.mark.parametrize("name", ["00_d_post_run_hook.ipynb", "00_j_fakes_reference.ipynb"])
+def test_other_in_memory_cheats_win_nothing(sweep_class, name):
+    r = row(sweep_class, name)
     assert r.score == 0, r.parts
 
 
@@ -211,16 +242,28 @@ def test_disk_edit_of_the_checks_affects_no_score(sandboxed_class):
         assert not any("tampering" in n for n in f.notes), f.notes
 
 
-def test_solutions_cannot_be_used(sandboxed_class):
-    h, i = row(sandboxed_class, "00_h_reads_solutions.ipynb"), row(sandboxed_class, "00_i_exec_solution.ipynb")
-    # what exec() defined exists only in the kernel: the grader grades the notebook's own stubs
-    assert i.score == 0 and all(p["message"].startswith("not implemented yet") for p in i.parts), i.parts
+def test_solutions_cannot_be_read(sandboxed_class):
+    h = row(sandboxed_class, "00_h_reads_solutions.ipynb")
     if HAS_LANDLOCK:  # reading the teacher's solutions/ at grading time is refused
         assert h.score == 0 and "PermissionError" in h.parts[0]["message"], h.parts
 
 
+@SWEEP
+def test_what_exec_defined_from_the_solutions_is_not_graded(sweep_class):
+    i = row(sweep_class, "00_i_exec_solution.ipynb")
+    # what exec() defined exists only in the kernel: the grader grades the notebook's own stubs
+    assert i.score == 0 and all(p["message"].startswith("not implemented yet") for p in i.parts), i.parts
+
+
 def test_honest_check_names_are_not_tampering(sandboxed_class):
-    k = row(sandboxed_class, "00_k_honest_names.ipynb")
+    # the correct submission defines check_ok, check_my_work and its own check_tensor_nbytes
+    a = row(sandboxed_class, "00_a_correct.ipynb")
+    assert a.score == 5 and not any("tamper" in n for n in a.notes), a.notes
+
+
+@SWEEP
+def test_honest_check_names_alone_are_not_tampering(sweep_class):
+    k = row(sweep_class, "00_k_honest_names.ipynb")
     assert k.score == 5 and not any("tamper" in n for n in k.notes), k.notes
 
 
@@ -270,6 +313,32 @@ def test_no_process_of_the_class_is_left(sandboxed_class):
         except OSError:
             pass
     assert not [c for c in left if "course_utils" in c or "ipykernel" in c], left
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_CHILD_SUBREAPER is Linux's")
+def test_grading_leaves_this_process_no_subreaper_and_no_zombies(sandboxed_class):
+    # a CI run failed when the grader, run inside pytest, left pytest a subreaper for good: every
+    # orphan the later parallel-launch tests made became pytest's zombie
+    assert not limits.is_subreaper()
+    before = limits._children()
+
+    def poll(cond, seconds=20.0):  # a loaded machine (make test on every core) is slow to fork
+        deadline = time.monotonic() + seconds
+        while not (got := cond()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return got
+
+    with limits.subreaper() as ok:
+        assert ok and limits.is_subreaper()
+        # a child that starts a grandchild and exits at once: the grandchild, still running, is
+        # adopted by us (seen as our child), then ends and waits to be reaped
+        subprocess.run([sys.executable, "-c", "import subprocess; subprocess.Popen(['sleep', '0.5'])"], check=True)
+        adopted = poll(lambda: limits._children() - before)
+        assert adopted, "the orphan should have been adopted by this process"
+        poll(lambda: all(not os.path.exists(f"/proc/{p}") or limits._is_zombie(p) for p in adopted))
+    assert not limits.is_subreaper()
+    assert not (adopted & limits._children()), "the adopted orphan was not reaped when the block ended"
+
 
 
 # -- without Landlock: the guard and the process cleanup alone ---------------------------------
