@@ -48,11 +48,11 @@ lint: install
 test: lint
 	$(BIN)/python -m pytest -q $(XDIST)
 
-# the grader's core end to end (CI): one class of 15 cheating and hostile submissions graded in
-# parallel, the issue's forged observations on exercises 00 and 03, a grader killed mid-run, the student
-# release's `make check` on exercise 00's typical wrong answers, nbgrader generate_assignment (make test
-# runs make check on exercise 00 and its solution; tests/test_exercises.py grades every part of every
-# solution). Each graded submission costs about 10 s of CPU (a kernel and a sandbox, each importing
+# the grader's core end to end (CI): one class of 11 cheating, hostile and honest submissions graded
+# in parallel, the issue's forged observations on exercises 00 and 03, a grader killed mid-run,
+# nbgrader generate_assignment (make test runs the student release's make check on exercise 00 and its
+# solution; tests/test_exercises.py grades every part of every solution and every typical wrong
+# answer). Each graded submission costs about 10 s of CPU (a kernel and a sandbox, each importing
 # torch), and CI gets about a quarter of a core: the rest of the adversarial suite is make test-sweep's
 test-grader: install
 	$(BIN)/python -m pip install -q $(INSTALL_FLAGS) -c constraints.txt -e ".[grading]"
@@ -60,7 +60,8 @@ test-grader: install
 
 # the rest of the grader's adversarial suite and the exhaustive sweeps, not in CI (like make mutation;
 # 55-65 min on a 2-core machine at load 15); run it before a release and after a change to
-# course_utils/grading/: the hostile class graded one at a time (re-forking processes, planted links,
+# course_utils/grading/: four more in-memory cheats and honest names alone, the make check of exercise
+# 00's typical wrong answers, the hostile class graded one at a time (re-forking processes, planted links,
 # deadlines, /dev/shm, floods of files), the grader without Landlock, course_utils' answers refused,
 # parallel against sequential grading, real nbgrader autograde, the forgeries on every exercise; every
 # solution's observation mutated every way (a list cut or padded, a key dropped, a tensor reshaped or

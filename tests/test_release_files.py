@@ -154,6 +154,8 @@ WRONG = runpy.run_path(str(ROOT / "tests" / "wrong_answers" / "ex00.py"))["WRONG
 
 
 @pytest.mark.grader
+@pytest.mark.sweep  # make test-sweep: make test runs make check on the untouched exercise and its solution, and
+# tests/test_exercises.py grades each typical wrong answer in-process
 def test_make_check_fails_each_typical_wrong_answer_on_its_part(copy):
     from course_utils.grading.registry import exercise
 
