@@ -53,7 +53,7 @@ test: lint
 # nbgrader generate_assignment (make test runs the student release's make check on exercise 00 and its
 # solution; tests/test_exercises.py grades every part of every solution and every typical wrong
 # answer). Each graded submission costs about 10 s of CPU (a kernel and a sandbox, each importing
-# torch), and CI gets about a quarter of a core: the rest of the adversarial suite is make test-sweep's
+# torch), and CI gets about 0.3 of a core (.ci/run): the rest of the adversarial suite is make test-sweep's
 test-grader: install
 	$(BIN)/python -m pip install -q $(INSTALL_FLAGS) -c constraints.txt -e ".[grading]"
 	$(BIN)/python -m pytest -q -m "grader and not sweep" tests

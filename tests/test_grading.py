@@ -187,10 +187,6 @@ def test_release_has_no_answers_and_its_checks_still_work(tmp_path):
 
 
 # -- what the grader's processes import (a class graded for real: tests/test_grading_class.py) -------------
-def write(folder, name, nb):
-    nbformat.write(nb, folder / name)
-
-
 def test_submissions_import_what_pythonpath_installed_but_never_the_course(tmp_path, monkeypatch):
     # a GPU machine without network gets nbformat & co. with pip install --target and PYTHONPATH
     # (docs/teaching.md); the grader's processes must see them -- `make test-compat` found every
@@ -208,6 +204,10 @@ def test_submissions_import_what_pythonpath_installed_but_never_the_course(tmp_p
 
 
 # -- the command line --------------------------------------------------------------------------
+def write(folder, name, nb):
+    nbformat.write(nb, folder / name)
+
+
 def test_cli_errors_before_grading(tmp_path, capsys):
     assert grade_main([str(tmp_path / "missing")]) == 2
     assert "no such file or folder" in capsys.readouterr().err
