@@ -22,10 +22,14 @@ One concept a module (tests/test_layout.py checks that every module is listed he
 * ``compare``        -- ``technique_table``: baseline vs technique in one table; ``step_time``
 * ``checkpointing``  -- BN-safe checkpointing, selective policy, sqrt(n) stack, DenseNet block
 * ``densenet``       -- seed 004's DenseNet-169 on 512 x 512 X-rays, naive and memory-efficient
+* ``full_resolution`` -- seed 004 at the X-rays' own 2000 x 2000: the pixel model, sides per card, batch 1
+* ``densenet_spatial`` -- DenseNet-169's image split across ranks: halo exchange, global BatchNorm
 * ``parallel``       -- (a package) DDP, FSDP2 and pipeline workers launched from a notebook or
                         torchrun, cross-replica BatchNorm, schedules, layouts
 * ``parallel_plots`` -- drawings for notebooks 08 and 09: per-rank memory, pipeline schedules
 * ``explorer``       -- every technique as a switch: predicted memory and the largest batch
+* ``fit``            -- does my network fit? every technique applied to any nn.Module, with a CLI
+* ``fit_examples``   -- ResNet-18 2D, ViT-tiny, a 1D conv net: networks the course does not teach
 * ``benchmark``      -- every technique on seed 000's U-Net, predicted and (on a GPU) measured
 * ``gpu_report``     -- the GPU kit: one command runs the course on a CUDA GPU and records it
 * ``readme``         -- README's figures, computed, and its generated tables

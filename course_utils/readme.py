@@ -2,6 +2,7 @@
 
     python -m course_utils.readme              # recompute results/figures.json, rewrite README's tables
     python -m course_utils.readme --render     # only rewrite README from the committed JSON files
+    python -m course_utils.readme --only seed004_full   # recompute one row, keep the others
     python -m course_utils.readme --timings    # also time every notebook (docs/teaching.md's table)
     python -m course_utils.readme --render --timings 11   # time notebook 11 and its solution only
 
@@ -182,6 +183,26 @@ def _seed004_densenet() -> tuple[str, str]:
             "predicted, DenseNet-169 (1 channel, 14 outputs), Adam, steady state; card overheads as the explorer's")
 
 
+def _seed004_full_resolution() -> tuple[str, str]:
+    from . import full_resolution as fr
+
+    naive, best = fr.pixel_model("naive"), fr.pixel_model("memory-efficient + per block", "autocast fp16")
+    side, gib = fr.FULL_SIDE, 2**30
+
+    def smallest_card(m: fr.PixelModel, batch: int, accumulate: bool = False) -> str:
+        fits = [c for c in fr.CARDS_GIB if m.peak(batch, side, accumulate) <= fr.usable(c)]
+        return f"{fits[0]} GB" if fits else f"none up to {fr.CARDS_GIB[-1]} GB"
+
+    return (f"at {side}^2, batch 8: {naive.peak(8, side) / gib:.1f} GiB naive fp32 (fits {smallest_card(naive, 8)}), "
+            f"{best.peak(8, side) / gib:.1f} GiB memory-efficient + checkpoint per block, autocast fp16 "
+            f"({smallest_card(best, 8)}); batch 1 + gradient accumulation: "
+            f"{naive.peak(1, side, True) / gib:.1f} GiB ({smallest_card(naive, 1, True)}) -> "
+            f"{best.peak(1, side, True) / gib:.1f} GiB ({smallest_card(best, 1, True)}); largest side at batch 8 "
+            f"on 16 GB: {naive.largest_side(fr.usable(16))} -> {best.largest_side(fr.usable(16))}",
+            "predicted, DenseNet-169, Adam steady state, CUDA rules, one 2000^2 prediction per technique and "
+            "peak linear in batch x pixels (checked at 512^2, notebook 07); card overheads as the explorer's")
+
+
 def _seed004_data_parallel() -> tuple[str, str]:
     from dataclasses import replace
 
@@ -244,6 +265,8 @@ HEADLINES: list[tuple[str, str, str, Callable[[], tuple[str, str]], bool]] = [
     ("seed004_checkpointing", "seed 004: checkpointing, seed 000 U-Net", "O(sqrt(n)) memory", _seed004_checkpointing, False),
     ("seed004_densenet", "seed 004: DenseNet-169 on 512 x 512 X-rays, batch 8", "out of memory at batch 8",
      _seed004_densenet, False),
+    ("seed004_full", "seed 004: DenseNet-169 at the X-rays' own 2000 x 2000", '"approaches to avoid downsampling"',
+     _seed004_full_resolution, False),
     ("seed004_dp", "seed 004: data parallel, seed 000 U-Net", '"each GPU gets fewer images"', _seed004_data_parallel, False),
     ("seed004_bn", "seed 004: BatchNorm under DDP", '"unstable training"', _seed004_bn, False),
     ("capstone", "capstone: seed 000 large net, largest batch in an 8 GiB card, fp32 master weights",
@@ -260,6 +283,13 @@ def headlines(only: set[str] | None = None) -> dict[str, Any]:
         rows.append({"key": key, "question": question, "seed": seed, "course": figure, "method": method})
     return {"meta": {"date": datetime.date.today().isoformat(), "torch": torch.__version__},
             "rows": rows}
+
+
+def merge_figures(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``old``'s rows with ``new``'s recomputed ones put in, in ``HEADLINES``' order; the date and
+    torch version are the new run's."""
+    rows = {r["key"]: r for r in old["rows"]} | {r["key"]: r for r in new["rows"]}
+    return {"meta": new["meta"], "rows": [rows[k] for k, *_ in HEADLINES if k in rows]}
 
 
 def fast_keys() -> set[str]:
@@ -374,13 +404,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timings", nargs="*", metavar="NN",
                     help="also time every notebook and solution (minutes), or only those numbered NN, "
                          "merged into results/timings.json")
+    ap.add_argument("--only", nargs="+", metavar="KEY", choices=[k for k, *_ in HEADLINES],
+                    help="recompute only these rows of results/figures.json (the others are kept as committed)")
     args = ap.parse_args(argv)
     if args.timings:
         present = [e.nn for e in scaffold.entries(ROOT)]
         unknown = sorted(set(args.timings) - set(present))
         if unknown:
             ap.error(f"no notebook {', '.join(unknown)} in notebooks/ (there are {', '.join(present)})")
-    if not args.render:
+    if args.only and not args.render:
+        FIGURES.write_text(json.dumps(merge_figures(json.loads(FIGURES.read_text()), headlines(set(args.only))),
+                                      indent=1) + "\n")
+        print(f"recomputed {', '.join(args.only)} in {FIGURES}")
+    elif not args.render:
         FIGURES.parent.mkdir(exist_ok=True)
         FIGURES.write_text(json.dumps(headlines(), indent=1) + "\n")
         print(f"wrote {FIGURES}")

@@ -1,0 +1,273 @@
+"""course_utils.fit: the course's predictor on networks it does not teach (fit_examples), checked
+against independent counts (parameters by formula, saved bytes by hand, real CPU tensors), the
+direction of each technique, the largest batch as a boundary, the CLI and every refusal."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from course_utils import fit
+from course_utils.fit_examples import conv1d_net, resnet18_2d, vit_tiny
+from course_utils.memory import predict_step
+
+ROOT = Path(__file__).resolve().parents[1]
+CONV_INPUT = (64, 1, 1024)  # big enough that activations, not Adam, make the peak
+WIDTHS = (16, 32, 64, 128)
+
+
+# -- independent parameter counts, by hand -----------------------------------------------------
+def conv1d_params(c_in=1, classes=5, widths=WIDTHS, k=7):
+    total, c = 0, c_in
+    for w in widths:
+        total += c * w * k + 2 * w  # conv (no bias), BN weight and bias
+        c = w
+    return total + c * classes + classes
+
+
+def resnet18_params(classes=10, c_in=3):
+    def bn(c):
+        return 2 * c
+
+    total = c_in * 64 * 49 + bn(64)
+    c = 64
+    for i, w in enumerate((64, 128, 256, 512)):
+        for j in range(2):
+            cin = c if j == 0 else w
+            total += cin * w * 9 + bn(w) + w * w * 9 + bn(w)
+            if j == 0 and (i > 0):  # stride 2 and a new width: 1x1 conv + BN on the shortcut
+                total += cin * w + bn(w)
+        c = w
+    return total + 512 * classes + classes
+
+
+def vit_params(image=64, patch=8, d=192, depth=6, classes=10, c_in=3):
+    n = (image // patch) ** 2
+    layer = (3 * d * d + 3 * d) + (d * d + d) + (d * 4 * d + 4 * d) + (4 * d * d + d) + 2 * (2 * d)
+    return (c_in * d * patch * patch + d) + d + (n + 1) * d + depth * layer + 2 * d + d * classes + classes
+
+
+def test_parameter_counts_match_formulas():
+    with torch.device("meta"):  # no initialisation: sizes only
+        assert sum(p.numel() for p in conv1d_net().parameters()) == conv1d_params() == 76_501
+        assert sum(p.numel() for p in resnet18_2d().parameters()) == resnet18_params() == 11_181_642
+        assert sum(p.numel() for p in vit_tiny().parameters()) == vit_params() == 2_721_226
+    # and what fit reports (the model built on fake tensors: ViT's deep-copied layers re-faked)
+    spec, info = fit._probe(vit_tiny, (2, 3, 64, 64), "cross_entropy", None, None)
+    assert info["parameters"] == vit_params() and spec.output_shape == (2, 10)
+    assert [n for n, _ in info["blocks"]] == [f"encoder.layers.{i}" for i in range(6)]
+    _, info = fit._probe(resnet18_2d, (2, 3, 32, 32), "cross_entropy", None, None)
+    assert info["parameters"] == resnet18_params()
+    assert [n for n, _ in info["blocks"]] == [f"layer{i}.{j}" for i in range(1, 5) for j in range(2)]
+
+
+# -- one report on the 1D conv net, shared -----------------------------------------------------
+@pytest.fixture(scope="module")
+def conv_rep():
+    return fit.fit(conv1d_net, CONV_INPUT, card_gib=1, techniques=["autocast-fp16", "checkpoint-blocks", "ddp-2"])
+
+
+def _row(rep, name):
+    return next(r for r in rep.rows if r.technique == name)
+
+
+def test_saved_bytes_by_module_match_a_hand_count(conv_rep):
+    """Per block: BN saves its input (the conv's output), ReLU its output (which the next conv
+    saves too: one storage), BN its mean, inverse std and the running mean and variance (4 x C
+    floats, buffers are not parameters); the first conv saves the input; the head its input."""
+    b, length = CONV_INPUT[0], CONV_INPUT[2]
+    want = {}
+    for i, w in enumerate(WIDTHS):
+        length //= 2
+        want[str(i)] = 2 * b * w * length * 4 + 4 * w * 4 + (b * length * 2 * 4 if i == 0 else 0)
+    want["6"] = b * WIDTHS[-1] * 4
+    got = dict(zip(conv_rep.by_module["module"], conv_rep.by_module["saved bytes"], strict=True))
+    assert {k: v for k, v in got.items() if v} == want
+    assert conv_rep.parameters == conv1d_params()
+    assert conv_rep.peak_phase in ("forward", "backward") and conv_rep.peak_module.startswith("3")
+    assert set(conv_rep.breakdown) >= {"Parameter", "Gradient", "Optstate", "Activation", "Temporary", "Total"}
+
+
+@pytest.mark.parametrize("build, shape, target", [(conv1d_net, (8, 1, 256), (8,)),
+                                                  (lambda: vit_tiny(image=16, dim=48, depth=1), (2, 3, 16, 16), (2,))])
+def test_fake_prediction_equals_real_cpu_tensors(build, shape, target):
+    """The course's second method: the same step on real CPU tensors, CPU rules, same figures."""
+    b = fit.variant(build, "baseline")
+    fake = predict_step(b, shape, target, n_classes=5 if len(shape) == 3 else 10, target="cpu", module_peaks=False)
+    real = predict_step(b, shape, target, n_classes=5 if len(shape) == 3 else 10, fake=False, target="cpu",
+                        module_peaks=False)
+    assert fake.peak == real.peak and fake.breakdown == real.breakdown
+
+
+def test_technique_directions(conv_rep):
+    base = conv_rep.rows[0]
+    ac, ck, ddp = (_row(conv_rep, t) for t in ("autocast-fp16", "checkpoint-blocks", "ddp-2"))
+    assert ac.breakdown["Activation"] < 0.75 * base.breakdown["Activation"]
+    assert ck.peak < base.peak and ck.largest_batch > base.largest_batch
+    assert ck.seconds > base.seconds  # recomputation counted
+    assert ddp.breakdown["Activation"] == pytest.approx(base.breakdown["Activation"] / 2, rel=0.05)
+    assert ddp.largest_batch % 2 == 0 and ddp.largest_batch <= 2 * base.largest_batch + 2
+    t = conv_rep.table
+    assert list(t["technique"]) == [fit.BASELINE, "autocast-fp16", "checkpoint-blocks", "ddp-2"]
+    assert t["fits"].all() and t["time x baseline"].iloc[0] == 1.0
+    assert set(conv_rep.skipped) == set()
+
+
+def test_largest_batch_is_the_boundary(conv_rep):
+    from course_utils.densenet import usable_bytes
+
+    b = conv_rep.rows[0].largest_batch
+    usable = usable_bytes(1)
+
+    def peak(n):
+        return predict_step(conv1d_net, (n, 1, 1024), (n,), n_classes=5, module_peaks=False).peak
+
+    assert b > CONV_INPUT[0]
+    assert peak(b) <= usable < peak(b + 1)
+
+
+def test_inplace_does_not_apply_to_vit():
+    # ViT's activations are functional (GELU inside TransformerEncoderLayer): nothing to switch
+    _, info = fit._probe(vit_tiny, (2, 3, 64, 64), "cross_entropy", None, None)
+    assert "no in-place-capable activation" in fit._applies("inplace", info, 2)
+    assert "does not divide" in fit._applies("ddp-4", info, 2)
+
+
+@pytest.mark.sweep
+def test_inplace_on_resnet():
+    rep = fit.fit(resnet18_2d, (12, 3, 64, 64), card_gib=8, techniques=["inplace", "ddp-8"])
+    assert rep.parameters == resnet18_params()
+    # every ReLU here follows a BatchNorm (which keeps its input) or a sum: the tensor an in-place
+    # ReLU overwrites was never kept for backward, so the peak does not move (and must not grow)
+    inplace = _row(rep, "inplace")
+    assert inplace.peak == rep.rows[0].peak and "17 activation modules switched; peak unchanged" in inplace.note
+    assert "does not divide" in rep.skipped["ddp-8"]
+    assert rep.by_module["module"].tolist()[:4] == ["conv1", "bn1", "relu", "maxpool"]
+    assert rep.by_module["share %"].sum() == pytest.approx(100, abs=0.5)
+
+
+@pytest.mark.sweep
+def test_vit_selective_and_autocast():
+    rep = fit.fit(vit_tiny, (32, 3, 64, 64), card_gib=8, techniques=["autocast-bf16", "checkpoint-blocks",
+                                                                        "selective", "fsdp-2"])
+    base, bf, ck, sel = rep.rows[:4]
+    assert bf.breakdown["Activation"] < base.breakdown["Activation"]
+    assert ck.peak < sel.peak < base.peak
+    assert ck.seconds > sel.seconds > base.seconds
+
+
+# -- the command line --------------------------------------------------------------------------
+def test_cli_prints_the_summary():
+    out = subprocess.run([sys.executable, "-m", "course_utils.fit", "course_utils.fit_examples:conv1d_net",
+                          "--input", "4,1,256", "--card", "1", "--techniques", "ddp-8"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    for line in ("76,501 parameters", "the peak is in", "saved for backward, by top-level module",
+                 fit.BASELINE, "time estimated for a RTX 2080", "ddp-8: batch 4 does not divide",
+                 "memory-time frontier"):
+        assert line in out.stdout
+
+
+@pytest.mark.parametrize("argv, fix", [
+    (["course_utils.fit_examples:conv1d_net", "--input", "4,x,256"], "Fix: write it batch first"),
+    (["course_utils.fit_examples:conv1d_net", "--input", "4,1,256", "--loss", "hinge"], "cross_entropy, mse, bce"),
+    (["no_such_module:net", "--input", "4,1,256"], "PYTHONPATH"),
+    (["course_utils.fit_examples:conv1d_net", "--input", "4,1,256", "--techniques", "magic"], "Fix: pick from"),
+    (["course_utils.fit_examples:conv1d_net", "--input", "4,1,256", "--classes", "3"], "--classes 5"),
+    (["course_utils.fit_examples:conv1d_net", "--input", "4,3,256"], "Fix: check that the input shape"),
+])
+def test_cli_bad_input_exits_2_naming_the_fix(argv, fix, capsys):
+    assert fit.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and fix in err and "\n" not in err
+
+
+def test_cli_bad_input_in_a_subprocess():
+    out = subprocess.run([sys.executable, "-m", "course_utils.fit", "course_utils.fit_examples:nothing",
+                          "--input", "4,1,256"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 2 and "Fix:" in out.stderr and out.stdout == ""
+
+
+# -- refusals ----------------------------------------------------------------------------------
+class ItemNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 3)
+
+    def forward(self, x):
+        if x.mean().item() > 0:  # data-dependent
+            x = x * 2
+        return self.lin(x)
+
+
+class ListNet(ItemNet):
+    def forward(self, x):
+        return self.lin(x) * len(x.tolist())
+
+
+class CudaNet(ItemNet):
+    def forward(self, x):
+        return self.lin(x + torch.ones(8, device="cuda"))
+
+
+class SyncNet(ItemNet):
+    def forward(self, x):
+        torch.cuda.synchronize()
+        return self.lin(x)
+
+
+class MaskNet(ItemNet):
+    def forward(self, x):
+        return self.lin(x[x > 0].reshape(-1, 8))
+
+
+class Scalar(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.lin(x).squeeze(1)
+
+
+@pytest.mark.parametrize("net, fix", [(ItemNet, "remove data-dependent branches"),
+                                      (ListNet, "remove data-dependent branches"),
+                                      (MaskNet, "remove data-dependent branches"),
+                                      (CudaNet, "device=x.device"), (SyncNet, "no torch.cuda API")])
+def test_models_that_cannot_run_on_fake_tensors_are_refused(net, fix):
+    with pytest.raises(fit.FitError) as e:
+        fit.fit(net, (4, 8))
+    assert fix in str(e.value) and "measure_step" in str(e.value)
+
+
+@pytest.mark.parametrize("kwargs, fix", [
+    (dict(build="not a spec", input_shape=(4, 8)), "MODULE:BUILDER"),
+    (dict(build="course_utils.fit_examples:BasicBlock.forward.x", input_shape=(4, 8)), "has no"),
+    (dict(build="course_utils.fit_examples:torch", input_shape=(4, 8)), "not callable"),
+    (dict(build=lambda: 3, input_shape=(4, 8)), "not an nn.Module"),
+    (dict(build=nn.Linear(8, 3), input_shape=(4, 8)), "lambda: Linear(...)"),
+    (dict(build=ItemNet, input_shape=(4,)), "at least 2 sizes"),
+    (dict(build=ItemNet, input_shape=(4, 0)), "each >= 1"),
+    (dict(build=ItemNet, input_shape=(4, 8), loss="hinge"), "pass a callable"),
+    (dict(build=Scalar, input_shape=(4, 8)), "--loss mse or bce"),
+    (dict(build=Scalar, input_shape=(4, 8), loss="mse", target_shape=(4, 2)), "--target-shape 4"),
+    (dict(build=lambda: nn.Linear(8, 3), input_shape=(4, 8), target_shape=(5,)), "different batches"),
+    (dict(build=lambda: nn.Linear(8, 3), input_shape=(4, 8), techniques="ddp-3"), "Fix: pick from"),
+    (dict(build=lambda: nn.Linear(8, 3), input_shape=(4, 8), card_gib=0), "--card 8"),
+])
+def test_refusals_name_the_fix(kwargs, fix):
+    with pytest.raises(fit.FitError) as e:
+        fit.fit(**kwargs)
+    assert fix in str(e.value)
+    assert isinstance(e.value, ValueError)
+
+
+def test_a_callable_loss_and_float_targets():
+    rep = fit.fit(lambda: nn.Linear(8, 3), (4, 8), card_gib=1, loss=nn.functional.mse_loss, techniques=[])
+    assert rep.spec.n_classes is None and rep.spec.target_sample == (3,)
+    assert rep.rows[0].largest_batch > 4 and "loss mse_loss" in rep.summary()
