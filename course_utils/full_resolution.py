@@ -13,10 +13,10 @@ channels per pixel of the input, so the bytes that grow with the image grow with
 
 One prediction per technique (batch 1, 2000 x 2000) gives ``fixed`` (parameters + buffers +
 the gradients alive at the peak + Adam's state) and ``per_pixel`` (everything else: activations,
-temporaries, the input). The model is checked, not assumed: the notebook predicts one answer
-directly and compares (the pooling layers round odd sizes down, so sides that are not multiples
-of 32 differ by a fraction of a percent). Largest sides are multiples of 32 (DenseNet halves the
-image five times).
+temporaries, the input). The model is checked, not assumed: notebook 07 compares the lines
+drawn at (1, 2000 x 2000) with its direct predictions at (8, 512 x 512) (the pooling layers
+round odd sizes down, so sides that are not multiples of 32 differ by a fraction of a percent).
+Largest sides are multiples of 32 (DenseNet halves the image five times).
 
 **Gradient accumulation** (batch 1, ``k`` backward passes, one optimizer step): the gradients are
 summed into from the second micro-batch on, so *all* of them stay alive through every forward and
@@ -146,14 +146,6 @@ def pixel_models(variants: Sequence[str] = tuple(VARIANTS),
             m = pixel_model(v, p)
             out[m.label] = m
     return out
-
-
-def check_model(model: PixelModel, batch: int, side: int) -> dict[str, float]:
-    """The pixel model against a direct prediction at ``(batch, side)``: both peaks and the
-    relative error."""
-    direct = dn.steady_state(_step(model.variant, model.precision, batch, side).breakdown)["Total"]
-    est = model.peak(batch, side)
-    return {"model": est, "direct": direct, "error": est / direct - 1}
 
 
 def peaks_table(models: dict[str, PixelModel], batches: Sequence[int] = (1, 2, 8),

@@ -191,9 +191,9 @@ def _seed004_full_resolution() -> tuple[str, str]:
 
     def smallest_card(m: fr.PixelModel, batch: int, accumulate: bool = False) -> str:
         fits = [c for c in fr.CARDS_GIB if m.peak(batch, side, accumulate) <= fr.usable(c)]
-        return f"{fits[0]} GB" if fits else f"none up to {fr.CARDS_GIB[-1]} GB"
+        return f"{fits[0]} GB card" if fits else f"no card up to {fr.CARDS_GIB[-1]} GB"
 
-    return (f"at {side}^2, batch 8: {naive.peak(8, side) / gib:.1f} GiB naive fp32 (fits {smallest_card(naive, 8)}), "
+    return (f"at {side}^2, batch 8: {naive.peak(8, side) / gib:.1f} GiB naive fp32 ({smallest_card(naive, 8)}), "
             f"{best.peak(8, side) / gib:.1f} GiB memory-efficient + checkpoint per block, autocast fp16 "
             f"({smallest_card(best, 8)}); batch 1 + gradient accumulation: "
             f"{naive.peak(1, side, True) / gib:.1f} GiB ({smallest_card(naive, 1, True)}) -> "
