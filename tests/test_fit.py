@@ -187,6 +187,7 @@ def test_cli_bad_input_exits_2_naming_the_fix(argv, fix, capsys):
     assert err.startswith("error:") and fix in err and "\n" not in err
 
 
+@pytest.mark.sweep  # another Python with torch (~3 CPU-s); main()'s exit codes are tested in-process above
 def test_cli_bad_input_in_a_subprocess():
     out = subprocess.run([sys.executable, "-m", "course_utils.fit", "course_utils.fit_examples:nothing",
                           "--input", "4,1,256"], capture_output=True, text=True, cwd=ROOT, timeout=300)
