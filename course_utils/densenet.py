@@ -298,6 +298,16 @@ def steady_state(breakdown: dict[str, int]) -> dict[str, int]:
     return out
 
 
+#: the parts of a steady-state breakdown that do not grow with the batch (or the image)
+FIXED_PARTS = ("Parameter", "Buffer", "Gradient", "Optstate")
+
+
+def fixed_bytes(breakdown: dict[str, int]) -> int:
+    """Parameters + buffers + gradients + optimizer state: the bytes of a breakdown that do not
+    grow with the batch (``BatchModel``'s ``fixed``)."""
+    return sum(breakdown.get(k, 0) for k in FIXED_PARTS)
+
+
 @dataclass
 class BatchModel:
     """Predicted steady-state peak as a function of the batch: ``fixed + batch * per_sample``.
@@ -319,6 +329,6 @@ class BatchModel:
 def batch_model(prediction, batch: int = SEED004_BATCH) -> BatchModel:
     """``BatchModel`` from one ``predict_step`` result at ``batch``."""
     b = steady_state(prediction.breakdown)
-    fixed = b["Parameter"] + b["Buffer"] + b["Gradient"] + b["Optstate"]
+    fixed = fixed_bytes(b)
     return BatchModel(fixed=fixed, per_sample=-(-(b["Total"] - fixed) // batch), breakdown=b,
                       batch=batch)

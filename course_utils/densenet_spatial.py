@@ -84,7 +84,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .densenet import DENSENET169, DenseLayer, DenseNet, SEED004_CLASSES
+from .densenet import DENSENET169, DenseLayer, DenseNet, SEED004_CLASSES, fixed_bytes
 from .memory import default_dtype
 from .numerics import update_running_stats
 from .parallel import compared, launch
@@ -201,6 +201,12 @@ class GlobalBatchNorm(torch.autograd.Function):
 # --------------------------------------------------------------------------------------------
 # Layers on a strip
 # --------------------------------------------------------------------------------------------
+def _count_halo_source(x: torch.Tensor) -> None:
+    """Count ``x`` as an activation whose halos are exchanged (``HALO_SOURCES``)."""
+    HALO_SOURCES["bytes"] += x.numel() * x.element_size()
+    HALO_SOURCES["exchanges"] += 1
+
+
 class _Strip:
     """How this rank's strip runs: its rank and world, whether halos are exchanged (``halo``)
     and BatchNorm statistics are global (``global_bn``), and the statistics logged."""
@@ -216,8 +222,7 @@ class _Strip:
         """The ``r`` rows above and below the strip: the neighbours' (zeros at the border), or
         zeros everywhere when halos are off (each strip padded as if it were a whole image)."""
         if self.halo and dist.is_initialized():
-            HALO_SOURCES["bytes"] += x.numel() * x.element_size()
-            HALO_SOURCES["exchanges"] += 1
+            _count_halo_source(x)
             return HaloExchange.apply(x, r, 2)
         zeros = x.new_zeros(x.shape[0], x.shape[1], r, x.shape[3])
         return zeros, zeros
@@ -270,8 +275,7 @@ def _stem(net: DenseNet, x: torch.Tensor, st: _Strip) -> torch.Tensor:
 
 def _conv3x3(conv: nn.Conv2d, x: torch.Tensor, st: _Strip) -> torch.Tensor:
     if st.halo and dist.is_initialized():
-        HALO_SOURCES["bytes"] += x.numel() * x.element_size()
-        HALO_SOURCES["exchanges"] += 1
+        _count_halo_source(x)
         return conv_with_halos(F.conv2d, conv, x, 1, 2, (0, 1))
     lower, upper = st.halos(x, 1)
     return rows_windowed(lambda v: F.conv2d(v, conv.weight, conv.bias, 1, (0, 1)), x, lower, upper, 3, 1, 1)
@@ -572,10 +576,6 @@ def predict_strip(build: Callable[[], DenseNet], world: int, batch: int, image: 
                             loss_fn=F.binary_cross_entropy_with_logits, **kwargs)
 
 
-def _fixed(breakdown: dict[str, int]) -> int:
-    return sum(breakdown.get(k, 0) for k in ("Parameter", "Buffer", "Gradient", "Optstate"))
-
-
 def spatial_memory_table(worlds: Sequence[int] = (1, 2, 4, 8), batches: Sequence[int] = (1, 8),
                          image: Sequence[int] = FULL_IMAGE, net: dict | None = None,
                          check: bool = True):
@@ -612,8 +612,8 @@ def spatial_memory_table(worlds: Sequence[int] = (1, 2, 4, 8), batches: Sequence
                 n += 1
                 method = p.method
                 rows[w][f"peak {label} b{b} (MiB)"] = mib(p.peak)
-                rows[w]["params+grads+Adam (MiB)"] = mib(_fixed(p.breakdown))
-                rows[w][f"activations {label} b{b} (MiB)"] = mib(p.peak - _fixed(p.breakdown))
+                rows[w]["params+grads+Adam (MiB)"] = mib(fixed_bytes(p.breakdown))
+                rows[w][f"activations {label} b{b} (MiB)"] = mib(p.peak - fixed_bytes(p.breakdown))
                 if check and w == 1:
                     plain = predict_step(build, (b, 1, *full), (b, SEED004_CLASSES),
                                          loss_fn=F.binary_cross_entropy_with_logits, module_peaks=False)
@@ -647,9 +647,9 @@ def memory_check(image: Sequence[int] = (64, 64), batch: int = 2, net: dict | No
     plain = predict_step(build, (batch, 1, *image), (batch, SEED004_CLASSES),
                          loss_fn=F.binary_cross_entropy_with_logits, module_peaks=False)
     strips = {w: predict_strip(build, w, batch, image) for w in worlds}
-    return {"plain peak": plain.peak, "plain fixed": _fixed(plain.breakdown),
+    return {"plain peak": plain.peak, "plain fixed": fixed_bytes(plain.breakdown),
             "strip peaks": {w: p.peak for w, p in strips.items()},
-            "strip fixed": {w: _fixed(p.breakdown) for w, p in strips.items()},
+            "strip fixed": {w: fixed_bytes(p.breakdown) for w, p in strips.items()},
             "world 1 rel diff": abs(strips[min(worlds)].peak - plain.peak) / plain.peak
             if min(worlds) == 1 else None,
             "method": strips[min(worlds)].method}

@@ -104,6 +104,11 @@ class FitError(ValueError):
     """``fit`` cannot predict this network as asked; the message names the fix."""
 
 
+def _gpus(tech: str) -> int:
+    """N of ``ddp-N`` / ``fsdp-N``; 1 for a one-GPU technique."""
+    return int(tech.split("-")[1]) if tech.startswith(("ddp-", "fsdp-")) else 1
+
+
 # --------------------------------------------------------------------------------------------
 # Input checking: the builder, the shapes, the loss
 # --------------------------------------------------------------------------------------------
@@ -739,7 +744,7 @@ def fit(build: Callable[[], nn.Module] | str, input_shape: Sequence[int] | str =
             note: str = "") -> None:
         needs = int(f.over.needed(peak))
         lb, ok = largest
-        gpus = int(tech.split("-")[1]) if tech.startswith(("ddp-", "fsdp-")) else 1
+        gpus = _gpus(tech)
         rows.append(Row(tech, peak, breakdown, needs, needs <= card_gib * 2**30, lb, seconds,
                         note + ("" if ok else ("; " if note else "") + "largest batch: affine estimate, unverified"),
                         ok, gpus))
@@ -777,9 +782,7 @@ def fit(build: Callable[[], nn.Module] | str, input_shape: Sequence[int] | str =
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             skipped[tech] = f"failed on this model: {type(e).__name__}: {first[:200]}"
 
-    from .explorer import card as _card
-
-    g = _card(time_card)
+    g = f.gpu
     assumption = (f"time estimated for a {g.name}: counted FLOPs at {g.fp32_flops / 1e12:.1f} TFLOP/s fp32, "
                   f"{g.fp16_flops / 1e12:.1f} fp16, {g.bf16_flops / 1e12:.1f} bf16, element-wise bytes at "
                   f"{g.memory_bytes_per_s / 1e9:.0f} GB/s, PCIe at {g.pcie_bytes_per_s / 1e9:.2f} GB/s; spec-sheet "
@@ -811,7 +814,7 @@ def _applies(tech: str, info: dict[str, Any], batch: int) -> str:
         return ("no block to checkpoint: the top-level children are single layers. Group them into "
                 "nn.Sequential blocks (or checkpoint inside your forward)")
     if tech.startswith(("ddp-", "fsdp-")):
-        n = int(tech.split("-")[1])
+        n = _gpus(tech)
         if batch % n:
             return f"batch {batch} does not divide into {n} equal per-GPU batches"
         if tech.startswith("fsdp-") and not any(p for _, p in info["blocks"]):
@@ -825,7 +828,7 @@ def _parallel_row(f: _Fitter, tech: str, info: dict[str, Any], batch: int, row: 
 
     from .parallel.data_parallel import ddp_bucket_bytes
 
-    n = int(tech.split("-")[1])
+    n = _gpus(tech)
     local = batch // n
     p = f.predict("baseline", local)
     b = dict(p.breakdown)
@@ -905,10 +908,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rep = fit(args.builder, args.input, card_gib=args.card, loss=args.loss, n_classes=args.classes,
                   target_shape=args.target_shape, techniques=args.techniques, time_card=args.time_card)
-    except FitError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except ValueError as e:  # e.g. an unknown --time-card (explorer.card names the choices)
+    except ValueError as e:  # a FitError, or e.g. an unknown --time-card (explorer.card names the choices)
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(rep.summary())

@@ -22,9 +22,9 @@ Largest sides are multiples of 32 (DenseNet halves the image five times).
 summed into from the second micro-batch on, so *all* of them stay alive through every forward and
 backward: ``fixed`` holds the whole gradient instead of the part alive at the plain step's peak.
 
-**The card** is ``explorer.Overheads``: the card less the CUDA context, divided by 1 + the slack
-for workspaces and the allocator -- the same stated assumptions (or GPU-measured figures) as
-every other budget of the course.
+**The card** is ``densenet.usable_bytes`` (``explorer.Overheads``): the card less the CUDA
+context, divided by 1 + the slack for workspaces and the allocator -- the same stated assumptions
+(or GPU-measured figures) as every other budget of the course.
 """
 
 from __future__ import annotations
@@ -55,8 +55,6 @@ VARIANTS = {
 }
 #: the precisions: fp32, and CUDA autocast to fp16 (bf16 stores the same bytes)
 PRECISIONS = {"fp32": None, "autocast fp16": torch.float16}
-#: the parts of a steady-state breakdown that do not grow with the batch or the image
-FIXED_PARTS = ("Parameter", "Buffer", "Gradient", "Optstate")
 
 
 @dataclass(frozen=True)
@@ -121,7 +119,7 @@ def from_prediction(prediction, batch: int, side: int, variant: str = "", precis
     """``PixelModel`` from any ``predict_step`` result of seed 004's step at ``(batch, 1, side,
     side)`` (e.g. section 1's 512 x 512, batch 8)."""
     b = dn.steady_state(prediction.breakdown)
-    fixed = sum(b[k] for k in FIXED_PARTS)
+    fixed = dn.fixed_bytes(b)
     return PixelModel(variant=variant, precision=precision, fixed=fixed,
                       per_pixel=(b["Total"] - fixed) / (batch * side * side),
                       all_gradients=b["Parameter"], gradient_at_peak=b["Gradient"], side=side,
@@ -164,20 +162,21 @@ def peaks_table(models: dict[str, PixelModel], batches: Sequence[int] = (1, 2, 8
     return pd.DataFrame(rows)
 
 
-def usable(card_gib: float) -> float:
-    """The largest predicted peak a card of ``card_gib`` GiB holds (``explorer.Overheads``)."""
-    from .explorer import overheads
-
-    return overheads().usable(card_gib * 2**30)
+def smallest_card(peak_bytes: float, cards: Sequence[float] = CARDS_GIB) -> float | None:
+    """The smallest of ``cards`` (GiB) that holds a predicted peak of ``peak_bytes``
+    (``densenet.usable_bytes``: ``explorer.Overheads``), or None if none does."""
+    return next((c for c in cards if peak_bytes <= dn.usable_bytes(c)), None)
 
 
 def sides_table(models: dict[str, PixelModel], cards: Sequence[float] = CARDS_GIB,
                 batch: int = dn.SEED004_BATCH, accumulate: bool = False):
     """The largest trainable side per technique (rows) and card (columns): ``batch`` images per
-    step, or with ``accumulate`` one image per micro-batch (any effective batch)."""
+    step, or with ``accumulate`` one image per micro-batch (any effective batch). A card holds
+    ``densenet.usable_bytes`` of predicted peak (``explorer.Overheads``)."""
     import pandas as pd
 
-    return pd.DataFrame({f"{c} GB": [m.largest_side(usable(c), 1 if accumulate else batch, accumulate)
+    budgets = {c: dn.usable_bytes(c) for c in cards}
+    return pd.DataFrame({f"{c} GB": [m.largest_side(budgets[c], 1 if accumulate else batch, accumulate)
                                      for m in models.values()] for c in cards},
                         index=list(models))
 
@@ -192,9 +191,10 @@ def plot_sides(models: dict[str, PixelModel], cards: Sequence[float] = CARDS_GIB
         _, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, (title, acc) in zip(axes, ((f"batch {dn.SEED004_BATCH}", False),
                                        ("batch 1 + gradient accumulation", True)), strict=True):
+        sides = sides_table(models, cards, accumulate=acc)
         for label, m in models.items():
-            sides = [m.largest_side(usable(c), 1 if acc else dn.SEED004_BATCH, acc) for c in cards]
-            ax.plot(cards, sides, marker="o", ls="-" if m.precision == "fp32" else "--", label=label)
+            ax.plot(cards, list(sides.loc[label]), marker="o", ls="-" if m.precision == "fp32" else "--",
+                    label=label)
         for y, txt in ((FULL_SIDE, "the X-rays: 2000"), (dn.SEED004_IMAGE[0], "seed 004: 512")):
             ax.axhline(y, color="grey", lw=0.8, ls=":")
             ax.annotate(txt, (cards[0], y), textcoords="offset points", xytext=(2, 3), fontsize=8)

@@ -185,20 +185,21 @@ def _seed004_densenet() -> tuple[str, str]:
 
 def _seed004_full_resolution() -> tuple[str, str]:
     from . import full_resolution as fr
+    from .densenet import usable_bytes
 
     naive, best = fr.pixel_model("naive"), fr.pixel_model("memory-efficient + per block", "autocast fp16")
     side, gib = fr.FULL_SIDE, 2**30
 
     def smallest_card(m: fr.PixelModel, batch: int, accumulate: bool = False) -> str:
-        fits = [c for c in fr.CARDS_GIB if m.peak(batch, side, accumulate) <= fr.usable(c)]
-        return f"{fits[0]} GB card" if fits else f"no card up to {fr.CARDS_GIB[-1]} GB"
+        card = fr.smallest_card(m.peak(batch, side, accumulate))
+        return f"{card} GB card" if card is not None else f"no card up to {fr.CARDS_GIB[-1]} GB"
 
     return (f"at {side}^2, batch 8: {naive.peak(8, side) / gib:.1f} GiB naive fp32 ({smallest_card(naive, 8)}), "
             f"{best.peak(8, side) / gib:.1f} GiB memory-efficient + checkpoint per block, autocast fp16 "
             f"({smallest_card(best, 8)}); batch 1 + gradient accumulation: "
             f"{naive.peak(1, side, True) / gib:.1f} GiB ({smallest_card(naive, 1, True)}) -> "
             f"{best.peak(1, side, True) / gib:.1f} GiB ({smallest_card(best, 1, True)}); largest side at batch 8 "
-            f"on 16 GB: {naive.largest_side(fr.usable(16))} -> {best.largest_side(fr.usable(16))}",
+            f"on 16 GB: {naive.largest_side(usable_bytes(16))} -> {best.largest_side(usable_bytes(16))}",
             "predicted, DenseNet-169, Adam steady state, CUDA rules, one 2000^2 prediction per technique and "
             "peak linear in batch x pixels (checked at 512^2, notebook 07); card overheads as the explorer's")
 

@@ -90,3 +90,11 @@ def test_readme_only_recomputes_the_rows_it_names():
     merged = merge_figures(old, new)
     assert [r["key"] for r in merged["rows"]] == keys
     assert {r["key"]: r["course"] for r in merged["rows"]} == {k: "new" if k == "seed004_full" else "old" for k in keys}
+
+
+def test_smallest_card_is_the_first_that_holds_the_peak():
+    # the card model is densenet.usable_bytes (explorer.Overheads), as in every budget of the course
+    sixteen = dn.usable_bytes(16)
+    assert fr.smallest_card(sixteen) == 16
+    assert fr.smallest_card(sixteen + 1) == 24
+    assert fr.smallest_card(dn.usable_bytes(80) + 1) is None

@@ -17,14 +17,12 @@ from typing import Any
 
 import torch
 
-from ..densenet import BatchModel
+from ..densenet import BatchModel, fixed_bytes
 from ..explorer import Overheads
 from .core import CheckFailed, Exercise, expect_equal, expect_int, expect_list, reference, seeded
 
 EX = Exercise("11", "Your network", names=("fixed_and_per_sample", "largest_batch", "cheapest_fit"))
 
-#: the parts of a steady-state breakdown that do not grow with the batch (``densenet.batch_model``)
-FIXED = ("Parameter", "Buffer", "Gradient", "Optstate")
 MIB = 2**20
 CARDS = (8, 16, 24, 40, 80)
 
@@ -46,7 +44,7 @@ def breakdown_cases(seed: int) -> list[tuple[dict[str, int], int]]:
              "Temp": _int(g, 0, 2_000_000) * 512, "Other": _int(g, 1, 100_000) * 512}
         b["Total"] = sum(b.values())
         batch = _int(g, 3, 65)
-        while (b["Total"] - sum(b[k] for k in FIXED)) % batch == 0:
+        while (b["Total"] - fixed_bytes(b)) % batch == 0:
             batch += 1
         out.append((b, batch))
     return out
@@ -56,7 +54,7 @@ def breakdown_cases(seed: int) -> list[tuple[dict[str, int], int]]:
 def reference_split(breakdown: dict[str, int], batch: int) -> tuple[int, int]:
     """``densenet.batch_model``'s split: fixed = parameters + buffers + gradients + Adam's state;
     per sample = the rest of the total over the batch, rounded up."""
-    fixed = sum(breakdown[k] for k in FIXED)
+    fixed = fixed_bytes(breakdown)
     return fixed, -(-(breakdown["Total"] - fixed) // batch)
 
 
