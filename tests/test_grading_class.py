@@ -115,12 +115,11 @@ while True:
     except:
         pass
 """
-# a printing loop, stopped by the class's output limit of 0.05 MiB (crossed on the sixth line). The
-# kernel stops it in-process once it has sent more than the limit, but every byte before that crosses
-# ipykernel, ZeroMQ and the runner, and the class's cell limit is 3 s: at load 15, 0.25 MiB took 1.7 s
-# and 1 MiB 2.6-3.2 s (2026-11-24); at load 17 with a quarter of a core, 0.25 MiB in 100 kB lines lost
-# the race to the 3 s limit (the clean-clone CI run of a4145d0). 50 kB in 10 kB lines leaves the limit
-# a wide margin; the correct exercise 00 prints far less
+# a printing loop, stopped by the class's output limit of 0.05 MiB (crossed on the sixth line) inside
+# its kernel (kernel_launch.limit_output). The runner used to interrupt it too, from outside, when the
+# output reached it: at load 13 that interrupt lost the cell's reply and the flood was reported as a
+# cell that "did not stop when interrupted" (stop 36's CI). tests/test_grading_output_limit.py tests
+# the limit itself
 FLOOD = 'while True:\n    print("x" * 10_000)'
 OUTPUT_LIMIT_MIB = 0.05
 MEMORY_HOG = "hog = bytearray(64 * 2**30)"

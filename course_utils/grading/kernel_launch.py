@@ -12,6 +12,8 @@ import importlib
 import json
 import sys
 
+from .runner import OUTPUT_NOTICE
+
 
 def main() -> None:
     spec_path, rest = sys.argv[1], sys.argv[2:]
@@ -34,35 +36,89 @@ def main() -> None:
 
 
 class OutputLimitExceeded(KeyboardInterrupt):
-    """Raised by print() once the notebook printed more than the grader's output limit."""
+    """Raised in the cell whose output crossed the grader's output limit."""
+
+
+def output_size(data: dict) -> int:
+    """A display bundle's size as the runner counts it: characters, and bytes (an image) as the
+    base64 text they are sent as."""
+    return sum(4 * ((len(v) + 2) // 3) if isinstance(v, (bytes, bytearray)) else len(str(v))
+               for v in data.values())
 
 
 def limit_output(max_bytes: int) -> None:
-    """Cap what the kernel sends as stdout/stderr: past ``max_bytes`` nothing more is sent (a
-    flood never piles up in the runner), and in the cell that crossed the limit every write raises,
-    so that a printing loop stops there."""
+    """Cap what the kernel sends: ``max_bytes`` characters of stdout/stderr, displays and cell
+    results together. The output that crosses the limit is cut there (a stream) or not sent (a
+    display), and in the cell that crossed it that output and every later one raise
+    ``OutputLimitExceeded``, so that a printing loop stops at once; in later cells output is
+    dropped without a word.
+
+    The kernel stops a flood itself, between two of the cell's own statements. An interrupt sent
+    from outside when the flood's output reaches the runner can arrive after the cell has ended,
+    while ipykernel sends the cell's reply: the reply is then lost and the runner waits for it until
+    the cell's time limit kills the kernel (at load 13 on two cores, CI's class lost its flood cell
+    that way). So the runner only counts, and interrupts a flood that got past this limit."""
     if max_bytes <= 0:
         return
-    from ipykernel import iostream
+    from ipykernel import displayhook, iostream, zmqshell
 
-    original = iostream.OutStream.write
-    sent, crossed_in = [0], [None]
+    state = {"sent": 0, "crossed_in": None}
 
-    def write(self, string):
-        if sent[0] > max_bytes:
-            from IPython import get_ipython
+    def this_cell():
+        from IPython import get_ipython
 
-            shell = get_ipython()
-            count = shell.execution_count if shell is not None else None
-            if crossed_in[0] is None:
-                crossed_in[0] = count
-            if count == crossed_in[0]:
-                raise OutputLimitExceeded(f"the notebook printed more than {max_bytes / 2**20:g} MiB")
-            return len(string)
-        sent[0] += len(string)
-        return original(self, string)
+        shell = get_ipython()
+        return shell.execution_count if shell is not None else None
 
-    iostream.OutStream.write = write
+    def admit(size: int, stream=None, text: str = "") -> int:
+        """How many of ``size`` characters may still be sent. The output that crosses the limit
+        marks its cell and sends its allowed part of ``text`` (to ``stream``), then the notice."""
+        if state["crossed_in"] is not None:
+            return 0
+        if state["sent"] + size <= max_bytes:
+            state["sent"] += size
+            return size
+        state["crossed_in"], left, state["sent"] = this_cell(), max_bytes - state["sent"], max_bytes
+        if stream is not None and left > 0:
+            write(stream, text[:left])
+        err = sys.stderr if isinstance(sys.stderr, iostream.OutStream) else stream
+        if err is not None:  # the runner's sign of the stop (a redirected stderr: not sent)
+            write(err, OUTPUT_NOTICE.format(mib=max_bytes / 2**20))
+        return left
+
+    def stop_if_crossed_here():
+        if state["crossed_in"] is not None and this_cell() == state["crossed_in"]:
+            raise OutputLimitExceeded(f"the notebook printed more than {max_bytes / 2**20:g} MiB")
+
+    write = iostream.OutStream.write
+    publish = zmqshell.ZMQDisplayPublisher.publish
+    write_result = displayhook.ZMQShellDisplayHook.write_format_data
+
+    def limited_write(self, string):
+        if not isinstance(string, str):
+            return write(self, string)  # its own TypeError
+        if admit(len(string), self, string) == len(string):
+            return write(self, string)
+        stop_if_crossed_here()
+        return len(string)
+
+    def limited_publish(self, data, *args, **kwargs):
+        size = output_size(data)
+        if admit(size) == size:
+            return publish(self, data, *args, **kwargs)
+        stop_if_crossed_here()
+        return None
+
+    def limited_result(self, format_dict, md_dict=None):
+        size = output_size(format_dict)
+        if admit(size) == size:
+            return write_result(self, format_dict, md_dict)
+        stop_if_crossed_here()
+        return None
+
+    iostream.OutStream.write = limited_write
+    zmqshell.ZMQDisplayPublisher.publish = limited_publish
+    displayhook.ZMQShellDisplayHook.write_format_data = limited_result
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ sockets in the scratch folder where the system has them.
 * a cell still running ``grace`` seconds later (a bare ``except:`` swallowed the interrupt) gets
   its kernel killed; the later cells are reported as not run;
 * outputs are counted, never kept (a printing flood cannot fill the runner's memory); only
-  errors are recorded.
+  errors are recorded. The kernel stops a flood itself at the output limit; the runner
+  interrupts only one that got past it (at twice the limit).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ import threading
 import time
 
 CELL_TEXT = 2000  # characters of an error message kept per cell
+#: what the kernel writes to stderr when the notebook's output reaches the limit (kernel_launch)
+OUTPUT_NOTICE = "\n[the grader: this notebook printed more than {mib:g} MiB; no more output is sent]\n"
+NOTICE_START = OUTPUT_NOTICE.split("{")[0]
 
 
 def _make_client(nb, spec):
@@ -40,6 +44,7 @@ def _make_client(nb, spec):
         output_bytes = 0
         current: list = [None, 0.0]  # cell index, start time
         flooded: set = set()
+        interrupted = False
 
         def output(self, outs, msg, display_id, cell_index):
             content = msg.get("content", {})
@@ -47,16 +52,22 @@ def _make_client(nb, spec):
                 outs.append({"output_type": "error", "ename": str(content.get("ename", ""))[:200],
                              "evalue": str(content.get("evalue", ""))[:CELL_TEXT], "traceback": []})
                 return None
-            size = len(content.get("text", "")) if msg["msg_type"] == "stream" else \
+            text = content.get("text", "") if msg["msg_type"] == "stream" else ""
+            size = len(text) if msg["msg_type"] == "stream" else \
                 sum(len(str(v)) for v in content.get("data", {}).values())
             Client.output_bytes += size
             index = Client.current[0]
-            if Client.output_bytes > spec["max_output"] and index is not None and not Client.flooded:
+            if index is not None and (Client.output_bytes > spec["max_output"] or NOTICE_START in text):
                 Client.flooded.add(index)
-                try:  # interrupt the flood, as the time limit would
-                    os.kill(self.km.provisioner.process.pid, signal.SIGINT)
-                except Exception:  # noqa: BLE001 - the kernel is gone
-                    pass
+                # the kernel stops a flood itself at the limit (kernel_launch.limit_output); an
+                # interrupt from here could land after the cell ended and lose its reply. Only a
+                # flood past twice the limit (the kernel's limit undone) is interrupted from here
+                if Client.output_bytes > 2 * spec["max_output"] and not Client.interrupted:
+                    Client.interrupted = True
+                    try:
+                        os.kill(self.km.provisioner.process.pid, signal.SIGINT)
+                    except Exception:  # noqa: BLE001 - the kernel is gone
+                        pass
             return None
 
     client = Client(nb, timeout=spec["cell_timeout"], kernel_name="course-grader", allow_errors=True,
