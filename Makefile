@@ -49,7 +49,8 @@ test: lint
 	$(BIN)/python -m pytest -q $(XDIST)
 
 # the grader's core end to end (CI): one class of 11 cheating, hostile and honest submissions graded
-# in parallel, the issue's forged observations on exercises 00 and 03, a grader killed mid-run,
+# in parallel, the output limit on its own (four kernels at once, no exercise), the issue's forged observations on
+# exercises 00 and 03, a grader killed mid-run,
 # nbgrader generate_assignment (make test runs the student release's make check on exercise 00 and its
 # solution; tests/test_exercises.py grades every part of every solution and every typical wrong
 # answer). Each graded submission costs about 10 s of CPU (a kernel and a sandbox, each importing

@@ -1,4 +1,4 @@
-"""The grader's output limit, on the runner and its kernel alone (no exercise, no torch): a flood
+"""The grader's output limit, on the runner and its kernel alone (no exercise, no sandbox): a flood
 is stopped inside the kernel, at the limit, whatever form it takes, and nothing is sent to the
 kernel from outside after the cell that flooded has ended.
 
