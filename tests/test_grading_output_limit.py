@@ -20,8 +20,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from course_utils.grading.kernel_launch import output_size
-from course_utils.grading.runner import OUTPUT_NOTICE
+from course_utils.grading.kernel_launch import write_kernel_spec
+from course_utils.grading.runner import OUTPUT_NOTICE, output_size
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT = 50_000  # characters, as the runner counts them
@@ -53,13 +53,7 @@ def run_notebook(folder: Path, cells: list[str], timeout: float = 60) -> dict:
     work = folder / "work"
     work.mkdir(parents=True)
     nbformat.write(new_notebook(cells=[new_code_cell(c) for c in cells]), work / "nb.ipynb")
-    (folder / "limits.json").write_text(json.dumps({"scratch": str(folder), "landlock": False, "max_output": LIMIT}))
-    kdir = folder / "jupyter" / "kernels" / "course-grader"
-    kdir.mkdir(parents=True)
-    (kdir / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "course_utils.grading.kernel_launch", str(folder / "limits.json"),
-                 "-f", "{connection_file}"],
-        "display_name": "course grader", "language": "python", "interrupt_mode": "signal"}))
+    write_kernel_spec(folder, {"scratch": str(folder), "landlock": False, "max_output": LIMIT})
     spec = {"notebook": str(work / "nb.ipynb"), "workdir": str(work), "scratch": str(folder),
             "cell_timeout": timeout, "grace": 5, "max_output": LIMIT, "startup_timeout": 300}
     (folder / "runner.json").write_text(json.dumps(spec))

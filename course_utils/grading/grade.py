@@ -41,6 +41,7 @@ from pathlib import Path
 
 from . import limits
 from .core import PartResult, Raised
+from .kernel_launch import write_kernel_spec
 from .registry import MODULES, load_all
 from .strip import strip_source
 
@@ -402,13 +403,7 @@ class Grader:
         limits_spec = {"scratch": str(scratch), "memory_bytes": self.opts.memory_bytes, "file_bytes": 2**30,
                        "preimport": sorted(preimport), "landlock": self.opts.landlock,
                        "max_output": int(self.opts.max_output_mib * 2**20)}
-        (scratch / "kernel.json").write_text(json.dumps(limits_spec))
-        kdir = scratch / "jupyter" / "kernels" / "course-grader"
-        kdir.mkdir(parents=True)
-        (kdir / "kernel.json").write_text(json.dumps({
-            "argv": [sys.executable, "-m", "course_utils.grading.kernel_launch", str(scratch / "kernel.json"),
-                     "-f", "{connection_file}"],
-            "display_name": "course grader", "language": "python", "interrupt_mode": "signal"}))
+        write_kernel_spec(scratch, limits_spec)
         ipc = scratch / "ipc"
         ipc.mkdir()
         spec = {"notebook": str(work / name), "workdir": str(work), "scratch": str(scratch),

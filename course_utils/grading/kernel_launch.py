@@ -11,8 +11,22 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+from pathlib import Path
 
-from .runner import OUTPUT_NOTICE
+from .runner import OUTPUT_NOTICE, output_size
+
+
+def write_kernel_spec(scratch: Path, limits: dict) -> None:
+    """Install the grader's kernel in ``scratch``: its limits (``scratch/kernel.json``, read by
+    ``main``) and the Jupyter kernel spec ``course-grader`` the runner starts, found through
+    ``JUPYTER_PATH=scratch/jupyter``."""
+    (scratch / "kernel.json").write_text(json.dumps(limits))
+    kdir = scratch / "jupyter" / "kernels" / "course-grader"
+    kdir.mkdir(parents=True)
+    (kdir / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "course_utils.grading.kernel_launch", str(scratch / "kernel.json"),
+                 "-f", "{connection_file}"],
+        "display_name": "course grader", "language": "python", "interrupt_mode": "signal"}))
 
 
 def main() -> None:
@@ -37,13 +51,6 @@ def main() -> None:
 
 class OutputLimitExceeded(KeyboardInterrupt):
     """Raised in the cell whose output crossed the grader's output limit."""
-
-
-def output_size(data: dict) -> int:
-    """A display bundle's size as the runner counts it: characters, and bytes (an image) as the
-    base64 text they are sent as."""
-    return sum(4 * ((len(v) + 2) // 3) if isinstance(v, (bytes, bytearray)) else len(str(v))
-               for v in data.values())
 
 
 def limit_output(max_bytes: int) -> None:
@@ -91,8 +98,6 @@ def limit_output(max_bytes: int) -> None:
             raise OutputLimitExceeded(f"the notebook printed more than {max_bytes / 2**20:g} MiB")
 
     write = iostream.OutStream.write
-    publish = zmqshell.ZMQDisplayPublisher.publish
-    write_result = displayhook.ZMQShellDisplayHook.write_format_data
 
     def limited_write(self, string):
         if not isinstance(string, str):
@@ -102,23 +107,21 @@ def limit_output(max_bytes: int) -> None:
         stop_if_crossed_here()
         return len(string)
 
-    def limited_publish(self, data, *args, **kwargs):
-        size = output_size(data)
-        if admit(size) == size:
-            return publish(self, data, *args, **kwargs)
-        stop_if_crossed_here()
-        return None
+    def limited_display(original):
+        """``original`` (a display, a cell's result: a bundle first) sent only within the limit."""
+        def send(self, data, *args, **kwargs):
+            size = output_size(data)
+            if admit(size) == size:
+                return original(self, data, *args, **kwargs)
+            stop_if_crossed_here()
+            return None
 
-    def limited_result(self, format_dict, md_dict=None):
-        size = output_size(format_dict)
-        if admit(size) == size:
-            return write_result(self, format_dict, md_dict)
-        stop_if_crossed_here()
-        return None
+        return send
 
     iostream.OutStream.write = limited_write
-    zmqshell.ZMQDisplayPublisher.publish = limited_publish
-    displayhook.ZMQShellDisplayHook.write_format_data = limited_result
+    zmqshell.ZMQDisplayPublisher.publish = limited_display(zmqshell.ZMQDisplayPublisher.publish)
+    displayhook.ZMQShellDisplayHook.write_format_data = limited_display(
+        displayhook.ZMQShellDisplayHook.write_format_data)
 
 
 if __name__ == "__main__":

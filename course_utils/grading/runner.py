@@ -31,6 +31,13 @@ OUTPUT_NOTICE = "\n[the grader: this notebook printed more than {mib:g} MiB; no 
 NOTICE_START = OUTPUT_NOTICE.split("{")[0]
 
 
+def output_size(data: dict) -> int:
+    """A display bundle's size, as the runner and the kernel's output limit both count it:
+    characters, and bytes (an image, before the kernel encodes it) as the base64 text sent."""
+    return sum(4 * ((len(v) + 2) // 3) if isinstance(v, (bytes, bytearray)) else len(str(v))
+               for v in data.values())
+
+
 def _make_client(nb, spec):
     from nbclient import NotebookClient
     from traitlets.config import Config
@@ -53,9 +60,7 @@ def _make_client(nb, spec):
                              "evalue": str(content.get("evalue", ""))[:CELL_TEXT], "traceback": []})
                 return None
             text = content.get("text", "") if msg["msg_type"] == "stream" else ""
-            size = len(text) if msg["msg_type"] == "stream" else \
-                sum(len(str(v)) for v in content.get("data", {}).values())
-            Client.output_bytes += size
+            Client.output_bytes += len(text) if msg["msg_type"] == "stream" else output_size(content.get("data", {}))
             index = Client.current[0]
             if index is not None and (Client.output_bytes > spec["max_output"] or NOTICE_START in text):
                 Client.flooded.add(index)
