@@ -31,7 +31,9 @@ One concept a module (tests/test_layout.py checks that every module is listed he
 * ``fit``            -- does my network fit? every technique applied to any nn.Module, with a CLI
 * ``fit_examples``   -- ResNet-18 2D, ViT-tiny, a 1D conv net: networks the course does not teach
 * ``benchmark``      -- every technique on seed 000's U-Net, predicted and (on a GPU) measured
-* ``gpu_report``     -- the GPU kit: one command runs the course on a CUDA GPU and records it
+* ``gpu_report``     -- the GPU kit's command: the course on a CUDA GPU within a budget of seconds,
+                        recorded as it goes, resumed where a recorded run stopped
+* ``gpu_kit``        -- (a package) the kit's plan, budget, output files, op-by-op diagnosis, tasks
 * ``readme``         -- README's figures, computed, and its generated tables
 * ``hosted``         -- the course on a hosted GPU notebook: the notebooks' setup cell, what a T4
                         runs (predicted), ``make dist`` (the wheel and the learner's zip)

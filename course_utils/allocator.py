@@ -234,7 +234,8 @@ class SimulatedAllocator:
             return LARGE_BUFFER
         return -(-n // ROUND_LARGE) * ROUND_LARGE
 
-    def _pool(self, segment: int) -> str:
+    def pool(self, segment: int) -> str:
+        """"small" or "large": the pool a segment belongs to (small-pool segments are 2 MiB)."""
         return "small" if self.segment_size_of(segment) == SMALL_BUFFER else "large"
 
     def segment_size_of(self, segment: int) -> int:
@@ -243,7 +244,7 @@ class SimulatedAllocator:
     def malloc(self, nbytes: int, key: int) -> None:
         size = self.round_size(nbytes)
         pool = "small" if size <= SMALL_SIZE else "large"
-        fits = [b for seg in range(len(self.segments)) if self.segments[seg] and self._pool(seg) == pool
+        fits = [b for seg in range(len(self.segments)) if self.segments[seg] and self.pool(seg) == pool
                 for b in self.segments[seg] if b.free and b.size >= size]
         if not fits:
             seg_size = self.segment_size(size)

@@ -90,7 +90,9 @@ def cuda_context_bytes() -> int:
     return total - free - torch.cuda.memory_reserved()
 
 
-def measured_row(cfg: ex.Config, context: int, reps: int = 5) -> dict[str, Any]:
+def measured_row(cfg: ex.Config, context: int, reps: int = 5, hint: int | None = None) -> dict[str, Any]:
+    """The step measured on the GPU (``module docstring``); ``hint``: the predicted largest batch,
+    which the search tries first (with the batch after it)."""
     from .compare import step_time
 
     dtype, ac = ex.PRECISIONS[cfg.precision]
@@ -107,7 +109,8 @@ def measured_row(cfg: ex.Config, context: int, reps: int = 5) -> dict[str, Any]:
         return r.ok
 
     with memory_cap((cfg.budget_gib * GiB - context) / GiB):
-        largest = largest_that_fits(fits, start=1, limit=64, at_limit="return")
+        largest = largest_that_fits(fits, start=1, limit=64, at_limit="return",
+                                    hint=hint if hint and hint < 64 else None)
     return {"measured peak MiB": round(m.peak_allocated / MiB),
             "measured reserved MiB": round(m.peak_reserved / MiB),
             "driver used MiB": round(m.driver_used / MiB),
@@ -141,7 +144,7 @@ def run(out: str | Path, nets: tuple[str, ...] = ("large",), budget_gib: int = 8
                 continue
             row: dict[str, Any] = {"net": net, "technique": name, **predicted_row(cfg)}
             if measure:
-                row.update(measured_row(cfg, context))
+                row.update(measured_row(cfg, context, hint=row[f"largest batch in {budget_gib} GiB (predicted)"]))
                 row["miss %"] = round(100 * (row["predicted peak MiB"] - row["measured peak MiB"])
                                       / row["measured peak MiB"], 1)
             rows.append(row)

@@ -7,8 +7,9 @@
     python -m course_utils.readme --render --timings 11   # time notebook 11 and its solution only
 
 README.md holds generated blocks between ``<!-- BEGIN name -->`` and ``<!-- END name -->``:
-``figures`` (from ``results/figures.json``, computed by ``headlines()``) and ``benchmark`` (from
-``benchmarks/results/*.json``, written by ``benchmarks/run.py`` and the GPU kit). A test checks
+``figures`` (from ``results/figures.json``, computed by ``headlines()``), ``benchmark`` (from
+``benchmarks/results/*.json``, written by ``benchmarks/run.py`` and the GPU kit) and ``gpu-plan``
+(the GPU kit's order and estimates, ``gpu_kit.plan``; docs/teaching.md has it too). A test checks
 that README equals what the committed JSON renders to, and recomputes the fast rows, so the
 README cannot drift from the code again.
 """
@@ -27,6 +28,7 @@ from typing import Any, Callable
 import torch
 
 from . import scaffold
+from .gpu_kit.plan import plan_table
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ROOT / "results" / "figures.json"
@@ -329,7 +331,15 @@ def replace_block(text: str, name: str, body: str) -> str:
 
 def render_readme(text: str, figures: dict[str, Any], folder: Path = BENCHMARKS) -> str:
     text = replace_block(text, "figures", render_figures(figures))
+    text = replace_block(text, "gpu-plan", plan_table())
     return replace_block(text, "benchmark", render_benchmarks(folder))
+
+
+def render_teaching(text: str, timings: dict[str, Any] | None) -> str:
+    """docs/teaching.md's generated blocks: the notebooks' timings and the GPU kit's plan."""
+    if timings is not None:
+        text = replace_block(text, "timings", render_timings(timings))
+    return replace_block(text, "gpu-plan", plan_table())
 
 
 def notebook_timings(only: list[str] | None = None) -> dict[str, Any]:
@@ -424,9 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.timings is not None:
         write_timings(args.timings or None)
     README.write_text(render_readme(README.read_text(), json.loads(FIGURES.read_text())))
-    if TIMINGS.exists():
-        TEACHING.write_text(replace_block(TEACHING.read_text(), "timings",
-                                          render_timings(json.loads(TIMINGS.read_text()))))
+    TEACHING.write_text(render_teaching(TEACHING.read_text(),
+                                        json.loads(TIMINGS.read_text()) if TIMINGS.exists() else None))
     print(f"rewrote the generated blocks of {README} and {TEACHING}")
     return 0
 

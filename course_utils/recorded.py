@@ -107,18 +107,36 @@ def record(key: str, value: Any, folder: str | Path | None = None) -> Any:
     return value
 
 
-def collect(src: str | Path, dest: str | Path | None = None) -> Path:
-    """Merge the per-figure files ``record`` wrote under ``src`` into one
-    ``recorded/<gpu>.json`` (what the repository keeps). Returns its path."""
+def merged(src: str | Path) -> dict[str, Any]:
+    """The per-figure files ``record`` wrote under ``src``, as one recording:
+    ``{"meta": {gpu, torch, cuda, date}, "figures": {key: figure}}``."""
     entries = [json.loads(p.read_text()) for p in sorted(Path(src).glob("*.json"))]
     if not entries:
         raise FileNotFoundError(f"no recorded figures under {src}")
     meta = {k: entries[0][k] for k in ("gpu", "torch", "cuda", "date")}
     figures = {e["key"]: {k: v for k, v in e.items() if k not in meta and k != "key"} for e in entries}
-    dest = Path(dest) if dest else RECORDED / (file_stem(meta["gpu"]) + ".json")
+    return {"meta": meta, "figures": figures}
+
+
+def write(data: dict[str, Any], dest: str | Path) -> Path:
+    """Write a recording (``merged``'s form) to ``dest`` whole or not at all (a temporary file
+    beside it, then a rename: a full disk never leaves half a file for ``show`` to read)."""
+    dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(json.dumps({"meta": meta, "figures": figures}, indent=1) + "\n")
+    tmp = dest.with_name(f".{dest.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
     return dest
+
+
+def collect(src: str | Path, dest: str | Path | None = None) -> Path:
+    """Merge the per-figure files ``record`` wrote under ``src`` into one
+    ``recorded/<gpu>.json`` (what the repository keeps). Returns its path."""
+    data = merged(src)
+    return write(data, Path(dest) if dest else RECORDED / (file_stem(data["meta"]["gpu"]) + ".json"))
 
 
 @dataclass

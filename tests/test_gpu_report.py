@@ -1,91 +1,389 @@
-"""The GPU kit's dry run: every step of `python -m course_utils.gpu_report` but the CUDA
-measurements, on the CPU, so the kit cannot rot between GPU runs."""
+"""The GPU kit without a GPU: its budget (a task past it is "not run (budget)", a task that
+overruns is cut and its command's whole process tree ends), its resume (a recorded task is
+skipped, a dry run never stands for a GPU run), its output within a GPU call's return limits,
+the executed notebook nbval keeps, and the dry run of real tasks, so the kit cannot rot between
+GPU runs."""
 
 import json
+import os
+import subprocess
+import sys
 import tarfile
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from course_utils import gpu_report
+from course_utils import gpu_report, recorded
+from course_utils.gpu_kit import budget, diagnose, importer, plan, record, tasks
+from course_utils.gpu_kit.budget import CUT, DONE, ERROR, FAILED, NOT_RUN, RECORDED, Clock, Task
+
+CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU path")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU path")
-def test_dry_run_writes_the_whole_report(tmp_path, capsys):
-    rc = gpu_report.main([str(tmp_path), "--dry-run", "--notebooks", "00", "--nets", "large",
-                          "--techniques", "baseline fp32", "autocast fp16"])
+def _task(name, est, seconds=0.0, result=None, fail=False):
+    def run(clock):
+        if fail:
+            raise RuntimeError(f"{name} broke")
+        time.sleep(seconds)
+        return dict(result or {})
+    return Task(name, est, "test", run)
+
+
+# -- the budget ---------------------------------------------------------------------------------
+def test_a_task_past_the_budget_is_not_run_a_shorter_one_after_it_is_and_an_overrun_is_cut():
+    seen = []
+    clock = Clock(2.0)
+    t0 = time.monotonic()
+    recs = budget.run_tasks([_task("a", 0.1, 0.05), _task("big", 100), _task("b", 0.1, 0.05, {"x": 1}),
+                             _task("slow", 0.5, 30), _task("after", 0.1)], clock,
+                            on_record=lambda r: seen.append((r.name, r.status)), log=lambda m: None)
+    assert [(r.name, r.status) for r in recs] == [("a", DONE), ("big", NOT_RUN), ("b", DONE), ("slow", CUT),
+                                                  ("after", NOT_RUN)]
+    assert seen == [(r.name, r.status) for r in recs]  # each record handed on as the task ended
+    assert recs[2].result == {"x": 1} and "expected 100 s" in recs[1].error
+    assert time.monotonic() - t0 < 3.5  # the slow task was stopped at the budget, not after its 30 s
+
+
+def test_a_broken_task_is_an_error_and_the_plan_goes_on():
+    recs = budget.run_tasks([_task("broken", 0.1, fail=True), _task("next", 0.1, result={"status": FAILED})],
+                            Clock(10), on_record=lambda r: None, log=lambda m: None)
+    assert recs[0].status == ERROR and "RuntimeError: broken broke" in recs[0].error
+    assert recs[1].status == FAILED  # a task's own verdict (a failed notebook) is kept
+
+
+def test_the_deadline_gives_an_earlier_timer_back():
+    """pytest-timeout arms the same timer: the kit's deadline must hand it back, not cancel it."""
+    import signal
+
+    signal.setitimer(signal.ITIMER_REAL, 50)
+    try:
+        with budget.deadline(5):
+            time.sleep(0.05)
+        left = signal.getitimer(signal.ITIMER_REAL)[0]
+        assert 49 < left < 50
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def test_a_bounded_command_and_everything_it_started_end_at_its_deadline(tmp_path):
+    """A command that starts a process in a session of its own (as nbval starts a kernel) and
+    outlives its deadline: the command and that process are both gone."""
+    pid_file = tmp_path / "grandchild.pid"
+    code = ("import subprocess, sys, time\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True)\n"
+            f"open({str(pid_file)!r}, 'w').write(str(p.pid)); print('started', flush=True); time.sleep(120)\n")
+    done = budget.run_bounded([sys.executable, "-c", code], 3, tmp_path / "cmd.log")
+    assert done.timed_out and done.returncode is None and done.seconds < 20
+    assert "started" in (tmp_path / "cmd.log").read_text()
+    grandchild = int(pid_file.read_text())
+    for _ in range(50):
+        state = Path(f"/proc/{grandchild}/stat")
+        if not state.exists() or state.read_text().split(")")[1].split()[0] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(grandchild, 9)
+        pytest.fail("the command's grandchild outlived the deadline")
+
+
+# -- the plan -----------------------------------------------------------------------------------
+def test_the_plan_runs_the_diagnosis_first_and_the_notebooks_with_most_gpu_cells_first():
+    tasks_ = plan.planned()
+    names = [t.name for t in tasks_]
+    assert names[:5] == [n for n in plan.TASKS if n.startswith("diagnose/")]
+    assert names.index("tests") < names.index("benchmark/large") < names.index("examples/seed003")
+    nbs = [t for t in tasks_ if t.group == "notebook"]
+    assert len(nbs) == len(list((plan.ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))
+    cells = [plan.gpu_cells(next((plan.ROOT / "notebooks").glob(f"{t.name[-2:]}_*.ipynb"))) for t in nbs]
+    assert cells == sorted(cells, reverse=True) and cells[0] > 0
+    assert all("need 2 GPUs" in t.note for t in nbs if t.name[-2:] in plan.MULTI_GPU)
+
+
+def test_a_notebook_estimate_scales_its_cpu_time_to_one_idle_core():
+    timings = {"meta": {"cores": 2, "load average before": 1.0, "load average after": 1.0},
+               "rows": {"07": {"notebooks": 800, "measured": {"cores": 2, "load average before": 8.0,
+                                                             "load average after": 8.0}},
+                        "01": {"notebooks": 10}}}
+    assert plan.notebook_estimate("07", 3, timings)[0] == plan.KERNEL_S + 200 + 3 * plan.GPU_CELL_S
+    assert plan.notebook_estimate("01", 0, timings)[0] == plan.KERNEL_S + 10
+    secs, source = plan.notebook_estimate("99", 2, timings)
+    assert secs == plan.UNKNOWN_NOTEBOOK_S + 2 * plan.GPU_CELL_S and source.startswith("guess")
+
+
+def test_calls_start_every_task_that_still_fits_and_flag_one_that_never_does():
+    t = [plan.Planned(n, s, "") for n, s in (("a", 300), ("b", 300), ("c", 200), ("d", 900), ("e", 100))]
+    assert plan.calls(t, 540) == [1, 2, 1, 0, 2]
+    assert plan.calls(t, [540, 120]) == [1, 3, 1, 0, 2]  # a window's short second call takes what fits it
+
+
+def test_selecting_by_group_and_an_unknown_name_names_the_known_ones():
+    tasks_ = plan.planned()
+    assert {t.name for t in plan.select(tasks_, ["diagnose"], ["diagnose/cublas"])} == {
+        n for n in plan.TASKS if n.startswith("diagnose/") and n != "diagnose/cublas"}
+    with pytest.raises(ValueError, match="notebook/00"):
+        plan.select(tasks_, ["notebook/99"])
+
+
+def test_recorded_seconds_replace_the_estimates():
+    got = {t.name: t for t in plan.planned(recorded_seconds={"tests": 12.34})}
+    assert got["tests"].estimate_s == 12.3 and got["tests"].source == "measured by a recorded run"
+
+
+# -- what comes back ----------------------------------------------------------------------------
+def test_the_return_limits_are_checked(tmp_path):
+    small = record.Limits(files=3, file_bytes=100, total_bytes=150, depth=1)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "b").mkdir()
+    (tmp_path / "ok.json").write_text("x" * 90)
+    (tmp_path / "a" / "big.bin").write_text("x" * 120)
+    (tmp_path / "a" / "b" / "deep.txt").write_text("x")
+    (tmp_path / "bad name.txt").write_text("x")
+    os.symlink(tmp_path / "ok.json", tmp_path / "link")
+    problems = "\n".join(record.check_limits(tmp_path, small))
+    for want in ("5 files", "a/big.bin: 0.0 MiB", "a/b/deep.txt: 2 folders deep", "bad name.txt: a name",
+                 "link: not a plain file", "MiB in all"):
+        assert want in problems
+    assert record.check_limits(tmp_path / "a" / "b", small) == []
+
+
+def test_an_archive_too_large_loses_images_first_then_whole_members(tmp_path):
+    import base64
+
+    image = base64.b64encode(os.urandom(60_000)).decode()  # incompressible, like a PNG
+    nb = {"cells": [{"cell_type": "code", "source": "", "outputs": [
+        {"output_type": "display_data", "data": {"image/png": image, "text/plain": "<Figure>"}, "metadata": {}}]}]}
+    members = {"nb.ipynb": json.dumps(nb).encode(), "small.txt": b"kept"}
+    dropped = record.pack(tmp_path / "n.tar.gz", members, limit=30_000)
+    assert dropped == ["nb.ipynb: images left out"]
+    with tarfile.open(tmp_path / "n.tar.gz") as tar:
+        kept = json.loads(tar.extractfile("nb.ipynb").read())
+        assert tar.extractfile("small.txt").read() == b"kept"
+    assert "image/png" not in kept["cells"][0]["outputs"][0]["data"]
+    assert (tmp_path / "n.tar.gz").stat().st_size <= 30_000
+    dropped = record.pack(tmp_path / "m.tar.gz", {"noise.bin": os.urandom(40_000), "small.txt": b"kept"}, limit=30_000)
+    assert dropped[0].startswith("noise.bin: left out")
+
+
+def test_the_log_stops_at_its_limit(tmp_path):
+    log = record.Log(tmp_path / "kit.log", limit=1000, echo=False)
+    for i in range(100):
+        log(f"line {i}")
+    text = (tmp_path / "kit.log").read_text()
+    assert len(text.encode()) <= 1000 and text.endswith("[kit.log cut here: its size limit]\n")
+
+
+# -- a dry run, resumed ---------------------------------------------------------------------------
+@CPU_ONLY
+def test_a_dry_run_records_as_it_goes_within_the_limits_and_a_second_run_resumes(tmp_path, capsys, monkeypatch):
+    for name in plan.TASKS:  # a plan with known estimates: the large net's diagnosis never fits 30 s
+        monkeypatch.setitem(plan.TASKS, name, (1000 if name == "diagnose/large-fp32" else 1, "test"))
+    out, runs_root = tmp_path / "out", tmp_path / "repo"
+    rc = gpu_report.main([str(out), "--dry-run", "--work", str(tmp_path / "w"), "--runs", str(runs_root / "none"),
+                          "--only", "diagnose/seed003", "diagnose/cublas", "tests", "diagnose/large-fp32",
+                          "--budget", "30"])
     assert rc == 0
-    summary = (tmp_path / "summary.md").read_text()
-    assert "DRY RUN on CPU" in summary and "00_gpu_memory_basics.ipynb" in summary
-    report = json.loads((tmp_path / "summary.json").read_text())
-    assert report["tests"]["ok"] and report["notebooks"]["00_gpu_memory_basics.ipynb"]["errors"] == []
-    assert report["tests"]["summary"].startswith("dry run") and "-m gpu" in report["tests"]["command"]
-    assert [r["technique"] for r in report["benchmark"]["rows"]] == ["baseline fp32", "autocast fp16"]
-    assert len(report["limit"]) == 3
-    assert [r["case"].split(",")[0] for r in report["peaks"]] == ["seed 003 net", "seed 000 small net",
-                                                                   "seed 000 large net"]
-    assert "what is live at the measured peaks" in summary and (tmp_path / "peaks.json").exists()
-    with tarfile.open(tmp_path / "gpu-report.tar.gz") as tar:
-        names = tar.getnames()
-    assert "notebooks/00_gpu_memory_basics.ipynb" in names and "summary.md" in names
-    assert any(n.startswith("repo/benchmarks/results/") for n in names)
+    assert sorted(p.name for p in out.iterdir()) == sorted(set(record.OUTPUTS) - {record.RECORDED})
+    assert record.check_limits(out) == []
+    state = json.loads((out / record.STATE).read_text())
+    status = {t["name"]: t["status"] for t in state["tasks"]}
+    # the large net's diagnosis (expected 1000 s) did not fit a 30-s budget; the task after it ran
+    assert status == {"diagnose/seed003": DONE, "diagnose/large-fp32": NOT_RUN, "diagnose/cublas": DONE,
+                      "tests": budget.DRY}
+    seed003 = next(t for t in state["tasks"] if t["name"] == "diagnose/seed003")["result"]
+    assert set(seed003["settings"]) == set(diagnose.SETTINGS)
+    for s in seed003["settings"].values():  # a CPU's stand-in sees outputs only: no transient, nothing kept
+        assert s["largest transients"] == [] and s["kept beyond outputs by op"] == [] and s["ops"] > 10
+    assert state["finished"] and state["dry_run"]
+    text = (out / record.SUMMARY).read_text()
+    assert "DRY RUN" in text and "not run (budget)" in text and "`diagnose/large-fp32`" in text
+    with tarfile.open(out / record.DETAILS) as tar:
+        assert "diagnose-seed003.json" in tar.getnames()
+
+    dest = importer.import_run(out, root=runs_root)
+    assert dest.parent == runs_root / "docs" / "gpu-runs" and dest.name.endswith("-dry-run")
+    assert (dest / record.STATE).exists() and (dest / "details" / "diagnose-seed003.json").exists()
+    assert not (runs_root / "recorded").exists()  # a CPU's dry run records no GPU figures
+
+    out2 = tmp_path / "out2"
+    rc = gpu_report.main([str(out2), "--dry-run", "--work", str(tmp_path / "w2"), "--runs", str(dest.parent),
+                          "--only", "diagnose/seed003", "diagnose/allocator"])
+    assert rc == 0
+    status = {t["name"]: t for t in json.loads((out2 / record.STATE).read_text())["tasks"]}
+    assert status["diagnose/seed003"]["status"] == RECORDED and dest.name in status["diagnose/seed003"]["note"]
+    assert status["diagnose/allocator"]["status"] == DONE
+    runs = record.recordings(dest.parent)
+    assert record.completed(runs, dry_run=False) == {}  # a dry run never stands for a GPU run
+    assert record.measured_seconds(runs, dry_run=True)["diagnose/seed003"] > 0
+    capsys.readouterr()
+    assert gpu_report.main(["--plan", "--dry-run", "--runs", str(dest.parent), "--only", "diagnose"]) == 0
+    assert f"recorded in {dest.name}" in capsys.readouterr().out
 
 
-def test_the_tests_step_on_a_gpu_runs_the_gpu_marked_tests(tmp_path, monkeypatch):
-    """The ``tests`` step's GPU branch without a nested pytest (the dry run spawns none): the
-    command it runs, its log, and how a failure reads."""
-    import subprocess
-
-    calls = []
-
-    def fake_run(cmd, **kw):
-        calls.append(cmd)
-        return subprocess.CompletedProcess(cmd, fake_run.rc, stdout=fake_run.stdout, stderr="")
-
-    monkeypatch.setattr(gpu_report.subprocess, "run", fake_run)
-    fake_run.rc, fake_run.stdout = 0, "....\n27 passed in 35.0s\n"
-    got = gpu_report.run_tests(tmp_path)
-    cmd = calls[0]
-    assert cmd[cmd.index("-m", 3) + 1] == "gpu" and "-rP" in cmd and "no:xdist" in cmd
-    assert any(c.startswith("--junitxml=") for c in cmd)
-    assert got["ok"] and got["summary"] == "27 passed in 35.0s"
-    assert (tmp_path / "gpu-tests.log").read_text().startswith("....")
-    fake_run.rc, fake_run.stdout = 1, "F...\n1 failed, 26 passed in 35.0s\n"
-    assert not gpu_report.run_tests(tmp_path)["ok"]
+def test_an_unreadable_recording_is_skipped_and_named(tmp_path, capsys):
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / record.STATE).write_text("{not json")
+    assert record.recordings(tmp_path) == []
+    assert f"{tmp_path / 'bad' / record.STATE} is not a readable kit recording" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_failed_tasks_run_after_the_others_on_resume(tmp_path):
+    run = tmp_path / "r1"
+    run.mkdir()
+    (run / record.STATE).write_text(json.dumps({"dry_run": True, "machine": {}, "started": "1", "tasks": [
+        {"name": "diagnose/cublas", "status": FAILED, "seconds": 3.0}]}))
+    args = gpu_report._parser().parse_args(["--dry-run", "--runs", str(tmp_path), "--only", "diagnose"])
+    chosen, done = gpu_report.resolve(args)
+    assert [t.name for t in chosen][-1] == "diagnose/cublas" and done == {}
+
+
+@CPU_ONLY
 def test_without_a_gpu_and_without_dry_run_it_says_so(tmp_path, capsys):
     assert gpu_report.main([str(tmp_path)]) == 2
     assert "--dry-run" in capsys.readouterr().err
 
 
-def test_the_peaks_step_on_a_gpu_path(tmp_path, monkeypatch):
-    """The GPU branch of the ``peaks`` step, with the two CUDA calls stood in for (it has not run
-    on a GPU yet, and a GPU's minutes are too rare to find a typo with): the autotuner is off for
-    the recorded step and on for the other, and restored; the blocks land in peaks.json."""
+# -- notebooks under nbval, kept ------------------------------------------------------------------
+def test_a_notebook_runs_under_nbval_with_its_cells_outputs_and_figures_kept(tmp_path):
+    import nbformat
+
+    root = tmp_path / "course"
+    (root / "notebooks").mkdir(parents=True)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("from course_utils import recorded\n"
+                                          "recorded.record('99/figure', {'MiB': 1.5})\nprint('hello from cell 0')"),
+                nbformat.v4.new_markdown_cell("prose"),
+                nbformat.v4.new_code_cell("1 / 0"),
+                nbformat.v4.new_code_cell("print('cell 2 runs after a failure')")]
+    nbformat.write(nb, root / "notebooks" / "99_test.ipynb")
+    out, work = tmp_path / "out", tmp_path / "work"
+    out.mkdir()
+    state = {"tasks": [], "machine": {}, "options": {}}
+    kit = tasks.Kit(out, work, True, record.Log(out / record.LOG, echo=False), state, root=root)
+    res = tasks.notebook(kit, "99", Clock(300))
+    assert res["status"] == FAILED and res["cells run"] == 3
+    assert [c["code cell"] for c in res["failed cells"]] == [1] and "ZeroDivisionError" in res["failed cells"][0]["error"]
+    kit.save()
+    with tarfile.open(out / record.NOTEBOOKS) as tar:
+        executed = nbformat.reads(tar.extractfile("99_test.ipynb").read().decode(), as_version=4)
+        assert {"99_test.cells.json", "99_test.log"} <= set(tar.getnames())
+    nbformat.validate(executed)
+    code = [c for c in executed.cells if c.cell_type == "code"]
+    assert code[0].outputs[0]["text"] == "hello from cell 0\n"
+    assert code[1].outputs[0]["ename"] == "ZeroDivisionError"
+    assert "runs after a failure" in code[2].outputs[0]["text"]
+    figures = json.loads((out / record.RECORDED).read_text())
+    assert figures["figures"]["99/figure"]["data"] == {"MiB": 1.5}
+
+
+# -- the GPU branches, with CUDA stood in for -------------------------------------------------------
+def test_the_tests_task_on_a_gpu_runs_the_gpu_marked_tests(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_run(cmd, timeout_s, log_path, **kw):
+        calls.append((cmd, timeout_s))
+        log_path.write_text(fake_run.text)
+        return budget.Finished(fake_run.rc, 1.0, False)
+
+    monkeypatch.setattr(tasks, "run_bounded", fake_run)
+    kit = tasks.Kit(tmp_path, tmp_path / "w", False, record.Log(tmp_path / "l", echo=False), {"options": {}})
+    fake_run.rc, fake_run.text = 0, "....\n27 passed in 35.0s\n"
+    got = tasks.gpu_tests(kit, Clock(100))
+    cmd, timeout = calls[0]
+    assert cmd[cmd.index("-m", 3) + 1] == "gpu" and "-rP" in cmd and "no:xdist" in cmd and timeout < 100
+    assert got["status"] == budget.PASSED and got["summary"] == "27 passed in 35.0s"
+    fake_run.rc, fake_run.text = 1, "F\nFAILED tests/test_memory.py::test_x[large fp32] - AssertionError\n1 failed\n"
+    got = tasks.gpu_tests(kit, Clock(100))
+    assert got["status"] == FAILED and got["failed"] == ["tests/test_memory.py::test_x[large fp32]"]
+
+
+def test_a_diagnosed_case_on_a_gpu_path(monkeypatch):
+    """``step_case``'s GPU branch (a GPU's minutes are too rare to find a typo with): the plain
+    step's blocks at the peak, every setting's op-by-op step with its switches set, and the
+    switches restored afterwards."""
     from course_utils import allocator, memory
 
     seen = []
 
+    def fake_op_step(build, shape, device="cuda", **kw):
+        seen.append((device, torch.backends.cudnn.benchmark, torch.backends.cudnn.enabled))
+        if not torch.backends.cudnn.enabled:  # PyTorch's own 3D convolution's column buffers, say
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 17.00 GiB")
+        return memory.op_memory_step(build, shape, device="cpu", **kw)
+
     def fake_measure(build, shape, **kw):
-        seen.append(torch.backends.cudnn.benchmark)
-        return memory.CudaPeak(peak_allocated=(300 + 10 * len(seen)) * memory.MiB, peak_reserved=0,
+        return memory.CudaPeak(peak_allocated=300 * memory.MiB, peak_reserved=400 * memory.MiB,
                                allocated_after=0, reserved_after=0)
 
-    def fake_peak_blocks(fn):
+    def fake_blocks(fn, stacks="all"):
         fn()
-        return 320 * memory.MiB, [allocator.PeakBlock(48 * memory.MiB, ["at::native::cudnn_convolution (x.cpp:1)"])]
+        return 300 * memory.MiB, [allocator.PeakBlock(48 * memory.MiB, ["x (unet.py:1)", "at::native::conv (c.cpp:2)"])]
 
-    monkeypatch.setattr(memory, "measure_step", fake_measure)
-    monkeypatch.setattr(allocator, "peak_blocks", fake_peak_blocks)
-    before = torch.backends.cudnn.benchmark
-    rows = gpu_report.run_peaks(tmp_path, dry_run=False)
-    assert torch.backends.cudnn.benchmark == before
-    assert seen == [False, True] * len(rows)
-    first = rows[0]
-    assert first["measured MiB, cudnn.benchmark=False"] == 310 and first["measured MiB, cudnn.benchmark=True"] == 320
-    assert first["miss %"] == pytest.approx(100 * (first["predicted peak MiB"] - 310) / 310, abs=0.1)
-    assert "cudnn_convolution" in first["largest at the peak"]
-    detail = json.loads((tmp_path / "peaks.json").read_text())["blocks at the measured peak"]
-    assert detail[first["case"]]["blocks"][0]["MiB"] == 48
+    monkeypatch.setattr(diagnose, "op_memory_step", fake_op_step)
+    monkeypatch.setattr(diagnose, "measure_step", fake_measure)
+    monkeypatch.setattr(diagnose.allocator, "peak_blocks", fake_blocks)
+    tiny = diagnose.cases(True)
+    monkeypatch.setattr(diagnose, "cases", lambda dry_run: tiny)
+    before = (torch.backends.cudnn.benchmark, torch.backends.cudnn.enabled, torch.backends.cudnn.allow_tf32)
+    result, detail = diagnose.step_case("seed003", dry_run=False, log=lambda m: None)
+    assert (torch.backends.cudnn.benchmark, torch.backends.cudnn.enabled, torch.backends.cudnn.allow_tf32) == before
+    assert seen == [("cuda", False, True), ("cuda", True, True), ("cuda", False, True), ("cuda", False, False)]
+    assert result["measured peak MiB"] == 300 and result["measured reserved MiB"] == 400
+    assert result["miss %"] == pytest.approx(100 * (result["predicted peak MiB"] - 300) / 300, abs=0.1)
+    assert result["largest at the peak"][0].startswith("48.0 MiB at::native::conv")
+    assert "op-by-op peak - plain peak MiB" in result
+    assert set(detail) == {"blocks at the peak", *diagnose.SETTINGS} - {"cuDNN off"}
+    assert result["settings"]["TF32 off"]["switches"]["cudnn.allow_tf32"] is False
+    # one setting failing (an OOM) is recorded as such; the others stand
+    assert result["settings"]["cuDNN off"] == {"error": "OutOfMemoryError: CUDA out of memory. Tried to allocate 17.00 GiB"}
+    from course_utils.gpu_kit import summary
+
+    assert "OutOfMemoryError" in "\n".join(summary._diagnosis("diagnose/seed003", result))
+
+
+def test_importing_a_gpu_run_merges_its_figures_and_benchmark_rows(tmp_path):
+    gpu = "NVIDIA Test GPU"
+    stem = recorded.file_stem(gpu)
+    root, src = tmp_path / "repo", tmp_path / "files"
+    src.mkdir()
+    meta = {"gpu": gpu, "torch": "2.11", "cuda": "13.0", "date": "2026-11-28"}
+    (src / record.STATE).write_text(json.dumps({"dry_run": False, "machine": meta, "tasks": [
+        {"name": "benchmark/large", "status": DONE, "seconds": 90.0}]}))
+    (src / record.RECORDED).write_text(json.dumps({"meta": meta, "figures": {"02/new": {"kind": "json", "data": 2}}}))
+    row = {"technique": "baseline fp32", "predicted peak MiB": 9710, "measured peak MiB": 9735}
+    bench = {"meta": {"device": gpu, "date": "2026-11-28", "torch": "2.11", "budget_gib": 8, "model": "m",
+                      "predicted": "p", "measured": "m"}, "rows": [{"net": "large", **row}]}
+    record.pack(src / record.DETAILS, {f"benchmark-large-{stem}.json": json.dumps(bench).encode()})
+    (root / "recorded").mkdir(parents=True)
+    (root / "recorded" / f"{stem}.json").write_text(json.dumps({"meta": {**meta, "date": "2026-11-20"}, "figures": {
+        "02/old": {"kind": "json", "data": 1}, "02/new": {"kind": "json", "data": 0}}}))
+    (root / "benchmarks" / "results").mkdir(parents=True)
+    (root / "benchmarks" / "results" / f"{stem}.json").write_text(json.dumps(
+        {"meta": bench["meta"], "rows": [{"net": "small", **row}, {"net": "large", **row, "measured peak MiB": 1}]}))
+    dest = importer.import_run(src, root=root)
+    assert dest == root / "docs" / "gpu-runs" / "2026-11-28-nvidia-test-gpu"
+    figs = json.loads((root / "recorded" / f"{stem}.json").read_text())["figures"]
+    assert figs["02/old"]["data"] == 1 and figs["02/new"]["data"] == 2
+    rows = json.loads((root / "benchmarks" / "results" / f"{stem}.json").read_text())["rows"]
+    assert [(r["net"], r["measured peak MiB"]) for r in rows] == [("small", 9735), ("large", 9735)]
+    assert (root / "benchmarks" / "results" / f"{stem}.md").exists()
+    assert importer.import_run(src, root=root).name == dest.name + "-2"  # a second import keeps the first
+    with pytest.raises(importer.NotARun, match="Fix: pass the folder"):
+        importer.import_run(tmp_path / "nothing", root=root)
+
+
+def test_the_wrapper_script_names_what_is_missing(tmp_path):
+    """tools/gpu_kit.sh on a machine where the Jupyter wheels were not carried: it says which
+    packages are missing and how to bring them, and runs nothing."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")  # -S: no site-packages
+    (fake / "python3").chmod(0o755)
+    (tmp_path / "tools").mkdir()  # a copy of the script in a checkout without .whl/
+    script = tmp_path / "tools" / "gpu_kit.sh"
+    script.write_text((plan.ROOT / "tools" / "gpu_kit.sh").read_text())
+    proc = subprocess.run(["bash", str(script), "--plan"], capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "OUT": str(tmp_path / "o")},
+                          timeout=120)
+    assert proc.returncode == 2 and "missing" in proc.stderr and "tools/gpu_wheels.sh" in proc.stderr

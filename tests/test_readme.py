@@ -51,6 +51,19 @@ def test_teaching_timings_are_rendered_from_the_committed_measurement():
         "(a row per notebook: tests/test_course_layout.py)")
 
 
+def test_the_gpu_kits_plan_is_rendered_in_readme_and_teaching_notes():
+    """README's and docs/teaching.md's GPU sections show the kit's order and estimates as the
+    kit's own plan computes them (a task added, reordered or re-estimated shows in both)."""
+    from course_utils.gpu_kit import plan
+
+    table = plan.plan_table()
+    for path in (readme.README, readme.TEACHING):
+        text = path.read_text()
+        assert readme.replace_block(text, "gpu-plan", table) == text, (
+            f"{path.name}'s gpu-plan block is stale: run `python -m course_utils.readme --render`")
+        assert "`diagnose/seed003`" in text and "`notebook/" in text
+
+
 def test_the_declared_torch_range_is_the_tested_one():
     """pyproject's torch range runs from the oldest to the newest version README's "PyTorch
     versions" table says passed, and constraints.txt's pin (what make install uses) is inside."""

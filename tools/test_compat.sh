@@ -47,8 +47,9 @@ assert pathlib.Path(course_utils.__file__).resolve().is_relative_to(here), cours
 print(f"torch {torch.__version__} (CUDA build {torch.version.cuda}); course_utils from {pathlib.Path(course_utils.__file__).parent}")
 PY
 status=0
-"$venv/bin/python" -m course_utils.gpu_report "$out/gpu-report" --dry-run --notebooks 00 04 08 \
-  --nets large --techniques "baseline fp32" "autocast fp16" > "$out/gpu-report.log" 2>&1 || status=1
+"$venv/bin/python" -m course_utils.gpu_report "$out/gpu-report" --dry-run --fresh --budget 3600 \
+  --only diagnose/seed003 diagnose/cublas diagnose/allocator tests benchmark/large examples/seed003 examples/fit \
+  notebook/00 notebook/04 notebook/08 --techniques "baseline fp32" "autocast fp16" > "$out/gpu-report.log" 2>&1 || status=1
 echo "gpu_report --dry-run: $([ $status = 0 ] && echo ok || echo FAILED) ($out/gpu-report.log)"
 kit=$(date +%s)
 "$venv/bin/python" -m pytest -q -m "not grader" tests notebooks solutions > "$out/pytest.log" 2>&1 || status=1

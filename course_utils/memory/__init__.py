@@ -34,9 +34,12 @@ Where things are (every name below is also importable from ``course_utils.memory
 * ``meters``     -- ``SavedTensorMeter``, ``saved_tensors`` (``SavedTensor``), ``LiveBytes``;
 * ``hook_table`` -- ``MemoryLog`` (``Row``, ``CATEGORIES``, ``CUDA_BLOCK_ROUNDING``, ``LOSS``, ``OPTIMIZER``), ``log_step``;
 * ``predict``    -- ``predict_step`` (``Prediction``, ``method_label``, ``prime_optimizer``,
-  ``default_dtype``) and its twin on a GPU, ``measure_step``;
+  ``default_dtype``) and its twin on a GPU, ``measure_step`` (``step_parts``: what it trains);
 * ``oom``        -- ``largest_that_fits``, ``catch_oom``, ``explain_oom``, ``is_oom``;
-* ``cuda``       -- ``cuda_peak`` (``CudaPeak``), ``memory_cap``, ``require_cuda``.
+* ``cuda``       -- ``cuda_peak`` (``CudaPeak``), ``memory_cap``, ``require_cuda``;
+* ``transients`` -- ``OpTransients`` (``OpMemory``, ``CudaStats``, ``LiveBytesStats``, ``BLOCK``): what
+  each op keeps and what it needs only while it runs (a cuDNN workspace, cuBLAS's), measured on a
+  GPU op by op; ``op_memory_step``, ``measure_step``'s step so recorded.
 """
 
 from .cuda import CudaPeak, cuda_peak, memory_cap, require_cuda
@@ -51,7 +54,9 @@ from .predict import (
     method_label,
     predict_step,
     prime_optimizer,
+    step_parts,
 )
+from .transients import BLOCK, CudaStats, LiveBytesStats, OpMemory, OpTransients, op_memory_step
 from .units import GiB, MiB, mib, tensor_bytes
 
 #: hook_table's names, imported on first use (PEP 562): MemoryLog subclasses MemTracker, whose import
@@ -79,6 +84,7 @@ __all__ = [
     "CATEGORIES", "CUDA_BLOCK_ROUNDING", "LOSS", "OPTIMIZER", "MemoryLog", "Row", "log_step",
     "LiveBytes", "SavedTensor", "SavedTensorMeter", "saved_tensors",
     "catch_oom", "explain_oom", "is_oom", "largest_that_fits",
-    "Prediction", "default_dtype", "measure_step", "method_label", "predict_step", "prime_optimizer",
+    "Prediction", "default_dtype", "measure_step", "method_label", "predict_step", "prime_optimizer", "step_parts",
+    "BLOCK", "CudaStats", "LiveBytesStats", "OpMemory", "OpTransients", "op_memory_step",
     "GiB", "MiB", "mib", "tensor_bytes",
 ]

@@ -11,13 +11,28 @@ import torch
 
 
 def largest_that_fits(fits: Callable[[int], bool], start: int = 1, limit: int = 1 << 20,
-                      at_limit: str = "raise") -> int:
+                      at_limit: str = "raise", hint: int | None = None) -> int:
     """The largest integer n in [start, limit] with ``fits(n)`` True, assuming fits is monotone
     (True up to some n, then False). Doubling, then bisection: O(log n) calls.
 
     Returns ``start - 1`` if even ``start`` does not fit. If ``limit`` itself fits, the search
     cannot tell how much further it goes: ``at_limit="raise"`` (default) raises, ``"return"``
-    returns ``limit``."""
+    returns ``limit``. ``hint``: a guess of the answer (a prediction), tried first with the value
+    after it: a right guess costs two calls; a wrong one narrows the search (no value is tried twice)."""
+    if hint is not None:
+        if not isinstance(hint, int) or isinstance(hint, bool):
+            raise TypeError(f"hint must be a whole number, got {hint!r}")
+        if start <= hint < limit:
+            known: dict[int, bool] = {}
+
+            def once(n: int) -> bool:
+                if n not in known:
+                    known[n] = bool(fits(n))
+                return known[n]
+
+            if once(hint):
+                return hint if not once(hint + 1) else largest_that_fits(once, hint + 1, limit, at_limit)
+            return start - 1 if hint == start else largest_that_fits(once, start, hint - 1, "return")
     for name, v in (("start", start), ("limit", limit)):
         if not isinstance(v, int) or isinstance(v, bool):
             raise TypeError(f"{name} must be a whole number, got {v!r}")

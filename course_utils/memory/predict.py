@@ -219,6 +219,33 @@ def _make_optimizer(spec: Any, model: nn.Module, foreach: bool = False) -> torch
     raise ValueError(f"optimizer must be 'adam', 'sgd', None or a factory, got {spec!r}")
 
 
+def step_parts(
+    build_model: Callable[[], nn.Module],
+    input_shape: Sequence[int],
+    target_shape: Sequence[int] | None = None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    loss_fn: Callable | None = None,
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | str | None = "adam",
+    n_classes: int | None = None,
+    device: str | torch.device = "cuda",
+) -> tuple[nn.Module, torch.Tensor, torch.Tensor, torch.optim.Optimizer | None, Callable]:
+    """What ``measure_step`` trains, on real tensors on ``device``: ``(model, x, y, optimizer,
+    loss_fn)``, with the target and loss ``predict_step`` would pick for the same arguments and
+    the optimizer's multi-tensor (foreach) implementation, CUDA's default. The model is built in
+    ``dtype`` on the CPU and moved; the batch is created on ``device``."""
+    _check_builder(build_model)
+    input_shape = _check_shape("input_shape", input_shape)
+    classify, target_shape, loss_fn = _target_spec(input_shape, target_shape, n_classes, loss_fn)
+    dev = torch.device(device)
+    with default_dtype(dtype):
+        model = build_model().to(dev)
+    x = torch.randn(input_shape, device=dev, dtype=dtype)
+    y = (torch.randint(0, n_classes or 2, tuple(target_shape), device=dev) if classify
+         else torch.randn(tuple(target_shape), device=dev, dtype=dtype))
+    return model, x, y, _make_optimizer(optimizer, model, foreach=True), loss_fn
+
+
 def measure_step(
     build_model: Callable[[], nn.Module],
     input_shape: Sequence[int],
@@ -231,31 +258,30 @@ def measure_step(
     n_classes: int | None = None,
     steady_state: bool = True,
     device: str | torch.device = "cuda",
+    instrument: Any = None,
 ) -> CudaPeak:
     """``predict_step``'s twin on a real GPU: the same ``training_step`` on real CUDA tensors,
     read from the caching allocator (``max_memory_allocated`` / ``max_memory_reserved`` of the
     measured step; with ``steady_state`` the second step, after an unmeasured first one).
-    The model is built in ``dtype`` on the CPU and moved; the batch is created on the GPU."""
+    The model is built in ``dtype`` on the CPU and moved; the batch is created on the GPU.
+
+    ``instrument``: a dispatch mode entered around the measured step only, e.g.
+    ``transients.OpTransients`` (what each op keeps and needs while it runs); the peaks returned
+    are then the larger of the allocator's and the instrument's own (``OpTransients`` resets the
+    allocator's peak statistics at every op)."""
     from ..train import training_step
 
     require_cuda("measure_step")
-    _check_builder(build_model)
-    input_shape = _check_shape("input_shape", input_shape)
-    classify, target_shape, loss_fn = _target_spec(input_shape, target_shape, n_classes, loss_fn)
     dev = torch.device(device)
-    with default_dtype(dtype):
-        model = build_model().to(dev)
-    x = torch.randn(input_shape, device=dev, dtype=dtype)
-    y = (torch.randint(0, n_classes or 2, tuple(target_shape), device=dev) if classify
-         else torch.randn(tuple(target_shape), device=dev, dtype=dtype))
-    opt = _make_optimizer(optimizer, model, foreach=True)
+    model, x, y, opt, loss_fn = step_parts(build_model, input_shape, target_shape, dtype=dtype, loss_fn=loss_fn,
+                                           optimizer=optimizer, n_classes=n_classes, device=dev)
     meter = SavedTensorMeter(model.parameters())
     marks: dict[str, int] = {}
     pre = model.register_forward_pre_hook(lambda *a: marks.__setitem__("pre", torch.cuda.memory_allocated()))
     post = model.register_forward_hook(lambda *a: marks.__setitem__("post", torch.cuda.memory_allocated()))
 
-    def step() -> None:
-        with meter:
+    def step(measured: bool = False) -> None:
+        with meter, (instrument if measured and instrument is not None else contextlib.nullcontext()):
             training_step(model, x, y, opt, loss_fn=loss_fn, autocast_dtype=autocast_dtype)
 
     try:
@@ -263,10 +289,13 @@ def measure_step(
             step()
         torch.cuda.synchronize(dev)
         meter.peak = meter.current
-        result = cuda_peak(step, baseline=False, device=dev)
+        result = cuda_peak(lambda: step(measured=True), baseline=False, device=dev)
     finally:
         pre.remove()
         post.remove()
+    if instrument is not None:
+        result.peak_allocated = max(result.peak_allocated, getattr(instrument, "peak", 0))
+        result.peak_reserved = max(result.peak_reserved, getattr(instrument, "peak_reserved", 0))
     result.saved_peak = meter.peak
     result.kept_after_forward = marks["post"] - marks["pre"]
     result.allocated_after_forward = marks["post"]
