@@ -150,7 +150,7 @@ site-check: $(SITE_STAMP)
 # copy of the repository; the unit tests must catch each. Survivors are listed and fail the
 # target. MUTATE picks the course_utils modules, MUTATION_ARGS adds options (see tools/mutants.py)
 .PHONY: mutation
-MUTATE ?= memory unet config inplace_abn parallel allocator amp_rules train explorer numerics
+MUTATE ?= memory unet config inplace_abn parallel allocator amp_rules train explorer numerics gpu_kit
 MUTATION_ARGS ?=
 mutation: install
 	$(BIN)/python tools/mutants.py $(MUTATE) $(MUTATION_ARGS)

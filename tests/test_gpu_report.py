@@ -325,15 +325,20 @@ def test_a_diagnosed_case_on_a_gpu_path(monkeypatch):
     monkeypatch.setattr(diagnose.allocator, "peak_blocks", fake_blocks)
     tiny = diagnose.cases(True)
     monkeypatch.setattr(diagnose, "cases", lambda dry_run: tiny)
-    before = (torch.backends.cudnn.benchmark, torch.backends.cudnn.enabled, torch.backends.cudnn.allow_tf32)
+    flags = ("benchmark", "enabled", "allow_tf32")
+    for flag, value in zip(flags, (True, True, False), strict=True):  # not PyTorch's defaults, nor any setting's
+        monkeypatch.setattr(torch.backends.cudnn, flag, value)
     result, detail = diagnose.step_case("seed003", dry_run=False, log=lambda m: None)
-    assert (torch.backends.cudnn.benchmark, torch.backends.cudnn.enabled, torch.backends.cudnn.allow_tf32) == before
-    assert seen == [("cuda", False, True), ("cuda", True, True), ("cuda", False, True), ("cuda", False, False)]
+    assert tuple(getattr(torch.backends.cudnn, f) for f in flags) == (True, True, False)  # restored
+    assert [c for c in seen if c[0] == "cuda"] == [("cuda", False, True), ("cuda", True, True), ("cuda", False, True),
+                                                 ("cuda", False, False)]
+    assert [c[0] for c in seen].count("cpu") == 1  # the prediction's step op by op, beside cuDNN's default
+    assert result["outputs against the prediction"]["ops matched"] > 10
     assert result["measured peak MiB"] == 300 and result["measured reserved MiB"] == 400
     assert result["miss %"] == pytest.approx(100 * (result["predicted peak MiB"] - 300) / 300, abs=0.1)
     assert result["largest at the peak"][0].startswith("48.0 MiB at::native::conv")
     assert "op-by-op peak - plain peak MiB" in result
-    assert set(detail) == {"blocks at the peak", *diagnose.SETTINGS} - {"cuDNN off"}
+    assert set(detail) == {"blocks at the peak", "predicted, op by op", *diagnose.SETTINGS} - {"cuDNN off"}
     assert result["settings"]["TF32 off"]["switches"]["cudnn.allow_tf32"] is False
     # one setting failing (an OOM) is recorded as such; the others stand
     assert result["settings"]["cuDNN off"] == {"error": "OutOfMemoryError: CUDA out of memory. Tried to allocate 17.00 GiB"}
@@ -350,14 +355,19 @@ def test_importing_a_gpu_run_merges_its_figures_and_benchmark_rows(tmp_path):
     meta = {"gpu": gpu, "torch": "2.11", "cuda": "13.0", "date": "2026-11-28"}
     (src / record.STATE).write_text(json.dumps({"dry_run": False, "machine": meta, "tasks": [
         {"name": "benchmark/large", "status": DONE, "seconds": 90.0}]}))
-    (src / record.RECORDED).write_text(json.dumps({"meta": meta, "figures": {"02/new": {"kind": "json", "data": 2}}}))
+    (src / record.RECORDED).write_text(json.dumps({"meta": meta, "figures": {
+        "02/new": {"kind": "json", "data": 2},
+        "gpu/notebook_seconds": {"kind": "json", "data": {"02_b.ipynb": 40.0}},
+        "gpu/reserved_over_allocated": {"kind": "json", "data": record.ratio_figure({"large": {"max": 1.45, "median": 1.2}})}}}))
     row = {"technique": "baseline fp32", "predicted peak MiB": 9710, "measured peak MiB": 9735}
     bench = {"meta": {"device": gpu, "date": "2026-11-28", "torch": "2.11", "budget_gib": 8, "model": "m",
                       "predicted": "p", "measured": "m"}, "rows": [{"net": "large", **row}]}
     record.pack(src / record.DETAILS, {f"benchmark-large-{stem}.json": json.dumps(bench).encode()})
     (root / "recorded").mkdir(parents=True)
     (root / "recorded" / f"{stem}.json").write_text(json.dumps({"meta": {**meta, "date": "2026-11-20"}, "figures": {
-        "02/old": {"kind": "json", "data": 1}, "02/new": {"kind": "json", "data": 0}}}))
+        "02/old": {"kind": "json", "data": 1}, "02/new": {"kind": "json", "data": 0},
+        "gpu/notebook_seconds": {"kind": "json", "data": {"00_a.ipynb": 30.0}},
+        "gpu/reserved_over_allocated": {"kind": "json", "data": record.ratio_figure({"small": {"max": 1.6, "median": 1.3}})}}}))
     (root / "benchmarks" / "results").mkdir(parents=True)
     (root / "benchmarks" / "results" / f"{stem}.json").write_text(json.dumps(
         {"meta": bench["meta"], "rows": [{"net": "small", **row}, {"net": "large", **row, "measured peak MiB": 1}]}))
@@ -365,6 +375,10 @@ def test_importing_a_gpu_run_merges_its_figures_and_benchmark_rows(tmp_path):
     assert dest == root / "docs" / "gpu-runs" / "2026-11-28-nvidia-test-gpu"
     figs = json.loads((root / "recorded" / f"{stem}.json").read_text())["figures"]
     assert figs["02/old"]["data"] == 1 and figs["02/new"]["data"] == 2
+    # figures two windows each measured a part of are merged: every notebook's time, both nets' ratio
+    assert figs["gpu/notebook_seconds"]["data"] == {"00_a.ipynb": 30.0, "02_b.ipynb": 40.0}
+    assert figs["gpu/reserved_over_allocated"]["data"]["max"] == 1.6
+    assert set(figs["gpu/reserved_over_allocated"]["data"]["by net"]) == {"large", "small"}
     rows = json.loads((root / "benchmarks" / "results" / f"{stem}.json").read_text())["rows"]
     assert [(r["net"], r["measured peak MiB"]) for r in rows] == [("small", 9735), ("large", 9735)]
     assert (root / "benchmarks" / "results" / f"{stem}.md").exists()
@@ -387,3 +401,24 @@ def test_the_wrapper_script_names_what_is_missing(tmp_path):
                           env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "OUT": str(tmp_path / "o")},
                           timeout=120)
     assert proc.returncode == 2 and "missing" in proc.stderr and "tools/gpu_wheels.sh" in proc.stderr
+
+
+@CPU_ONLY
+def test_the_prediction_op_by_op_names_the_op_a_real_kernel_allocates_more_for():
+    """The diagnosis lines the measured step's ops up with the prediction's own (fake tensors):
+    on this CPU, seed 003's step differs from its prediction in one op, ``mse_loss``, whose scalar
+    keeps the input-sized buffer it was reduced from (N^3 x 4 bytes, where the fake kernel
+    allocates one 512-byte block); the U-Net's step matches op for op."""
+    result, detail = diagnose.step_case("seed003", dry_run=True, log=lambda m: None)
+    cmp = result["outputs against the prediction"]
+    n = diagnose.cases(True)["seed003"][1][-1]
+    assert cmp["ops only measured"] == cmp["ops only predicted"] == []
+    assert [(r["op"], r["phase"], r["bytes more"]) for r in cmp["ops whose outputs are larger"]] == [
+        ("mse_loss", "forward", 4 * n**3 - 512)]
+    assert cmp["ops whose outputs are smaller"] == [] and "predicted, op by op" in detail
+    measured, _ = diagnose.op_memory_step(*diagnose.cases(True)["large-fp32"][:2], device="cpu", n_classes=5)
+    build, shape, kw = diagnose.cases(True)["large-fp32"]
+    fake, _ = diagnose.op_memory_step(build, shape, device="cpu", within=diagnose.predicted_rules(None), **kw)
+    same = diagnose.compare_ops(measured, fake)
+    assert same["ops whose outputs are larger"] == same["ops whose outputs are smaller"] == []
+    assert same["ops matched"] > 300

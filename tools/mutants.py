@@ -76,6 +76,7 @@ TESTS: dict[str, tuple[str, ...]] = {
     "amp_rules": ("tests/test_amp_rules.py",),
     "train": ("tests/test_foundation.py", "tests/test_memory.py"),
     "explorer": ("tests/test_explorer.py",),
+    "gpu_kit": ("tests/test_gpu_report.py",),
 }
 LAUNCH = "tests/test_parallel_launch.py"
 
@@ -105,6 +106,10 @@ PAR = CU + "parallel/"
 PAR_LAUNCH, PAR_DP, PAR_FSDP, PAR_PIPE = (PAR + "launcher.py", PAR + "data_parallel.py", PAR + "fsdp.py",
                                           PAR + "pipeline.py")
 NUM = CU + "numerics.py"
+MEM_TRANS = MEM + "transients.py"
+# course_utils/gpu_kit/ is a package: each mutant names the file its text is in (module "gpu_kit")
+KIT = CU + "gpu_kit/"
+KIT_BUDGET, KIT_RECORD, KIT_PLAN, KIT_DIAG = KIT + "budget.py", KIT + "record.py", KIT + "plan.py", KIT + "diagnose.py"
 
 MUTANTS += [
     # -- memory: SavedTensorMeter ----------------------------------------------------------
@@ -495,6 +500,58 @@ MUTANTS += [
       "breakdown are the same (test_memory checks it); only the time differs", equivalent=True),
 ]
 
+
+MUTANTS += [
+    # -- memory: OpTransients (what each op keeps and needs only while it runs) ----------------
+    M("transient-from-before-only", MEM_TRANS,
+      "        return max(0, self.peak - max(self.before, self.after))",
+      "        return max(0, self.peak - self.before)",
+      "an op's transient counts its own outputs as scratch memory", tests=("tests/test_op_transients.py",)),
+    M("transient-phase-always-forward", MEM_TRANS,
+      'str(func.overloadpacket.__name__), "forward" if node is None',
+      'str(func.overloadpacket.__name__), "forward" if True',
+      "backward ops are tagged forward", tests=("tests/test_op_transients.py",)),
+    M("transient-inputs-counted-as-outputs", MEM_TRANS,
+      "        created = {k: st for k, st in _storages(tree_leaves(out)).items() if k not in inputs}",
+      "        created = dict(_storages(tree_leaves(out)))",
+      "an in-place op's or a view's input storage counted as a new output", tests=("tests/test_op_transients.py",)),
+    M("largest-hint-trusted-blindly", MEM_OOM,
+      "                return hint if not once(hint + 1) else largest_that_fits(once, hint + 1, limit, at_limit)",
+      "                return hint",
+      "largest_that_fits returns a hint that fits without checking that the next does not",
+      tests=("tests/test_op_transients.py",)),
+    # -- gpu_kit: budget, resume, output files, plan, diagnosis ----------------------------------
+    M("kit-starts-what-does-not-fit", KIT_BUDGET,
+      "        if task.estimate_s > left:",
+      "        if task.estimate_s > left + 1e9:",
+      "a task past the budget is started anyway"),
+    M("kit-stops-at-the-first-task-that-does-not-fit", KIT_BUDGET,
+      "            log(f\"{task.name}: {NOT_RUN} ({rec.error})\")",
+      "            log(f\"{task.name}: {NOT_RUN} ({rec.error})\")\n            records.append(rec)\n            on_record(rec)\n"
+      "            for later in tasks[len(records):]:\n"
+      "                records.append(Record(later.name, later.estimate_s, later.source, NOT_RUN))\n            break",
+      "a task that does not fit stops the plan: a shorter one after it never runs"),
+    M("kit-forgets-the-grandchildren", KIT_BUDGET,
+      "    victims = {**(seen or {}), **_descendants(proc.pid)}",
+      "    victims = {}",
+      "a command's processes in sessions of their own (a kernel) outlive its deadline"),
+    M("kit-resumes-from-a-dry-run", KIT_RECORD,
+      "        if bool(state.get(\"dry_run\")) != dry_run:\n            continue\n        for t in state[\"tasks\"]:",
+      "        for t in state[\"tasks\"]:",
+      "a dry run on a CPU counts as a GPU run's task done"),
+    M("kit-archive-over-its-limit", KIT_RECORD,
+      "    while len(data) > limit:",
+      "    while False:",
+      "an archive larger than a GPU call returns is written as it is"),
+    M("kit-notebooks-by-number", KIT_PLAN,
+      "    return [p for *_, p in sorted(rows, key=lambda r: r[:3])]",
+      "    return [p for *_, p in sorted(rows, key=lambda r: r[2])]",
+      "the notebooks run in number order, not those with the most GPU cells first"),
+    M("kit-settings-not-restored", KIT_DIAG,
+      "        for k, v in saved.items():\n            setattr(*_SWITCHES[k], v)",
+      "        pass",
+      "the diagnosis leaves cuDNN's autotuner or cuDNN itself off for every later task"),
+]
 
 # --------------------------------------------------------------------------------------------
 # Running them

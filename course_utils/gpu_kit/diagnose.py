@@ -11,7 +11,10 @@ prediction cannot see is memory an op takes besides its outputs: a cuDNN convolu
   cuDNN off (PyTorch's own convolution kernels, which take no cuDNN workspace). Where the miss is a
   workspace, the op during which the peak happens has a transient of about the miss, and the
   miss moves with the settings; the live blocks at the peak (``allocator.peak_blocks``) say
-  which tensors make it up.
+  which tensors make it up; and the prediction's own step, op by op on fake tensors
+  (``compare_ops``), names every op whose real output storage is larger than its fake one (on
+  this CPU, ``mse_loss``'s scalar keeps the input-sized buffer it was reduced from: N^3 x 4 bytes
+  at seed 003's N, which the fake kernel does not allocate).
 * ``cublas`` -- the memory a first matrix product keeps beyond its output, forward and backward
   (the backward runs on autograd's device thread, whose cuBLAS handle is another), against
   ``CUBLAS_WORKSPACE_CONFIG`` and ``CUBLASLT_WORKSPACE_SIZE``.
@@ -25,13 +28,16 @@ On a CPU (the kit's dry run) the same code runs at tiny sizes, read by a ``LiveB
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 from dataclasses import replace
 from typing import Any, Callable, Iterator
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .. import allocator, explorer as ex
+from ..amp_rules import autocast_rules
 from ..benchmark import configs
 from ..limit_test import LimitTestNet
 from ..memory import MiB, OpTransients, LiveBytesStats, LiveBytes, measure_step, op_memory_step, predict_step
@@ -114,6 +120,47 @@ def summarize_ops(ops: OpTransients, predicted: int | None = None, top: int = 5)
     return out
 
 
+@contextlib.contextmanager
+def predicted_rules(autocast_dtype: Any) -> Iterator[None]:
+    """What ``predict_step`` runs a step in: fake tensors, CUDA's autocast op lists."""
+    with FakeTensorMode(), autocast_rules("cuda" if autocast_dtype is not None else None):
+        yield
+
+
+#: ops that allocate nothing and that one way of running a step issues and another does not
+#: (fake tensors ask for ``prim::device``; autograd detaches what it saves)
+_BOOKKEEPING = ("device", "detach", "lift_fresh", "alias")
+
+
+def compare_ops(measured: OpTransients, predicted: OpTransients, top: int = 8) -> dict[str, Any]:
+    """The two steps' ops aligned by name (``difflib``, bookkeeping ops left out), and where an
+    op's new output storages are larger in ``measured`` than in ``predicted``: memory a real
+    kernel allocates that the fake kernels the prediction follows do not (an output kept in a
+    larger buffer, a scratch tensor returned with the result)."""
+    a = [r for r in measured.rows if r.op not in _BOOKKEEPING]
+    b = [r for r in predicted.rows if r.op not in _BOOKKEEPING]
+    matcher = difflib.SequenceMatcher(None, [r.op for r in a], [r.op for r in b], autojunk=False)
+    larger, smaller, matched = [], [], 0
+    for block in matcher.get_matching_blocks():
+        for i in range(block.size):
+            ra, rb = a[block.a + i], b[block.b + i]
+            matched += 1
+            d = ra.new_outputs - rb.new_outputs
+            row = {"op": ra.op, "phase": ra.phase, "node": ra.node, "index": ra.index,
+                   "measured MiB": _mib(ra.new_outputs), "predicted MiB": _mib(rb.new_outputs), "bytes more": d}
+            (larger if d > 0 else smaller if d < 0 else []).append(row)
+    unmatched = lambda rows, side: sorted({r.op for j, r in enumerate(rows) if j not in side})  # noqa: E731
+    in_a = {block.a + i for block in matcher.get_matching_blocks() for i in range(block.size)}
+    in_b = {block.b + i for block in matcher.get_matching_blocks() for i in range(block.size)}
+    out = {"ops matched": matched, "ops only measured": unmatched(a, in_a)[:10],
+           "ops only predicted": unmatched(b, in_b)[:10],
+           "outputs larger than predicted MiB": _mib(sum(r["bytes more"] for r in larger)),
+           "outputs smaller than predicted MiB": _mib(-sum(r["bytes more"] for r in smaller))}
+    for label, rows in (("larger", larger), ("smaller", smaller)):
+        out[f"ops whose outputs are {label}"] = sorted(rows, key=lambda r: -abs(r["bytes more"]))[:top]
+    return out
+
+
 def _clear() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -152,6 +199,10 @@ def step_case(name: str, dry_run: bool, log: Callable[[str], None] = print) -> t
             continue
         result["settings"][label] = {"switches": switches, **summarize_ops(ops, pred.peak)}
         detail[label] = [r.as_dict() for r in ops.rows]
+        if label == "cuDNN default":  # the measured step's ops against the predicted step's, one by one
+            fake, _ = op_memory_step(build, shape, device="cpu", within=predicted_rules(kw.get("autocast_dtype")), **kw)
+            result["outputs against the prediction"] = compare_ops(ops, fake)
+            detail["predicted, op by op"] = [r.as_dict() for r in fake.rows]
         log(f"diagnose/{name}, {label}: peak {result['settings'][label]['peak MiB']} MiB, "
             f"{len(ops.rows)} ops, largest transient "
             f"{result['settings'][label]['largest transients'][:1] or 'none'}")

@@ -51,7 +51,7 @@ def _merge_figures(new: dict[str, Any], dest: Path) -> Path:
     data = new
     if dest.exists():
         old = json.loads(dest.read_text())
-        data = {"meta": new["meta"], "figures": {**old.get("figures", {}), **new["figures"]}}
+        data = {"meta": new["meta"], "figures": record.merge_figures(old.get("figures", {}), new["figures"])}
     return recorded.write(data, dest)
 
 

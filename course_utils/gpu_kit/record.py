@@ -217,3 +217,31 @@ def measured_seconds(runs: list[tuple[str, dict[str, Any]]], dry_run: bool) -> d
         if bool(state.get("dry_run")) == dry_run:
             out.update({t["name"]: float(t["seconds"]) for t in state["tasks"] if t.get("status") in COMPLETE})
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# Figures that several runs (or tasks) each measure a part of
+# --------------------------------------------------------------------------------------------
+def ratio_figure(by_net: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """``gpu/reserved_over_allocated`` (what ``explorer.overheads`` reads: ``max``) from each
+    net's benchmark rows: the largest ratio over the nets, and each net's own."""
+    return {"max": max(v["max"] for v in by_net.values()),
+            "median": sorted(v["median"] for v in by_net.values())[len(by_net) // 2],
+            "by net": dict(sorted(by_net.items()))}
+
+
+#: key -> how a new recording of it merges with an older one (others: the new one replaces it)
+_MERGE = {
+    "gpu/notebook_seconds": lambda old, new: {**old, **new},
+    "gpu/reserved_over_allocated": lambda old, new: ratio_figure({**old.get("by net", {}), **new.get("by net", {})}),
+}
+
+
+def merge_figures(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """Two recordings' figures (``{key: {"kind", "data"}}``) as one: a figure in both is the
+    new one, except those ``_MERGE`` combines (notebooks' seconds from two windows, say)."""
+    out = {**old, **new}
+    for key, merge in _MERGE.items():
+        if key in old and key in new and old[key].get("kind") == new[key].get("kind") == "json":
+            out[key] = {**new[key], "data": merge(old[key]["data"], new[key]["data"])}
+    return out

@@ -38,6 +38,14 @@ def _diagnosis(name: str, res: dict[str, Any]) -> list[str]:
         lines += _table(rows)
         if res.get("largest at the peak"):
             lines += ["Largest blocks live at the measured peak: " + "; ".join(res["largest at the peak"]), ""]
+        cmp = res.get("outputs against the prediction")
+        if cmp:
+            more = "; ".join(f"{r['op']} ({r['phase']}, op {r['index']}) {r['measured MiB']} vs {r['predicted MiB']} MiB"
+                             for r in cmp["ops whose outputs are larger"][:4]) or "none"
+            lines += [f"Op by op against the prediction's own step ({cmp['ops matched']} ops matched; only measured: "
+                      f"{', '.join(cmp['ops only measured']) or 'none'}; only predicted: "
+                      f"{', '.join(cmp['ops only predicted']) or 'none'}): outputs larger by "
+                      f"{cmp['outputs larger than predicted MiB']} MiB in all: {more}.", ""]
     elif "phases" in res:
         for label, rows in res["phases"].items():
             kept = ", ".join(f"{r['op']} ({r['phase']}) {r['kept MiB']} MiB" for r in rows) or "nothing"

@@ -239,7 +239,9 @@ def step_parts(
     classify, target_shape, loss_fn = _target_spec(input_shape, target_shape, n_classes, loss_fn)
     dev = torch.device(device)
     with default_dtype(dtype):
-        model = build_model().to(dev)
+        model = build_model()
+    if any(t.device != dev for t in (*model.parameters(), *model.buffers())):
+        model = model.to(dev)  # (a model built on the device already, fake tensors' among them, stays as it is)
     x = torch.randn(input_shape, device=dev, dtype=dtype)
     y = (torch.randint(0, n_classes or 2, tuple(target_shape), device=dev) if classify
          else torch.randn(tuple(target_shape), device=dev, dtype=dtype))

@@ -30,6 +30,7 @@ by construction, which is how the tests and the GPU kit's dry run exercise the s
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
@@ -38,7 +39,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ..train import training_step
 from .meters import LiveBytes
+from .predict import measure_step, step_parts
 
 BLOCK = 512  # the CUDA caching allocator rounds every request up to a multiple of this
 
@@ -207,21 +210,28 @@ class OpTransients(TorchDispatchMode):
 
 
 def op_memory_step(build_model: Any, input_shape: Any, target_shape: Any = None, *,
-                   device: str | torch.device = "cuda", **step_kw: Any) -> tuple[OpTransients, Any]:
+                   device: str | torch.device = "cuda", within: Any = None,
+                   **step_kw: Any) -> tuple[OpTransients, Any]:
     """``measure_step``'s steady-state step with every op recorded (``OpTransients``): returns
     ``(ops, peak)``. On CUDA ``peak`` is ``measure_step``'s ``CudaPeak`` (the allocator's
-    readings); on a CPU (the GPU kit's dry run) the same step runs on CPU tensors read by a
-    ``LiveBytes`` meter, and ``peak`` is the meter's peak in bytes. ``step_kw``: ``dtype``,
-    ``loss_fn``, ``optimizer``, ``autocast_dtype``, ``n_classes``, ``steady_state``."""
-    from ..train import training_step
-    from .predict import measure_step, step_parts
-
+    readings); on a CPU the same step runs on CPU tensors read by a ``LiveBytes`` meter, and
+    ``peak`` is the meter's peak in bytes -- inside ``within`` if given (a context manager: the
+    GPU kit passes ``FakeTensorMode`` with CUDA's autocast rules, which makes it the prediction's
+    step, op by op). ``step_kw``: ``dtype``, ``loss_fn``, ``optimizer``, ``autocast_dtype``,
+    ``n_classes``, ``steady_state``."""
     dev = torch.device(device)
     if dev.type == "cuda":
+        if within is not None:
+            raise ValueError("within= is for the CPU step (a prediction op by op); a GPU step runs as it is")
         ops = OpTransients(CudaStats(dev))
         return ops, measure_step(build_model, input_shape, target_shape, device=dev, instrument=ops, **step_kw)
-    autocast_dtype = step_kw.pop("autocast_dtype", None)
-    steady_state = step_kw.pop("steady_state", True)
+    with within if within is not None else contextlib.nullcontext():
+        return _cpu_op_memory_step(build_model, input_shape, target_shape, dev, **step_kw)
+
+
+def _cpu_op_memory_step(build_model: Any, input_shape: Any, target_shape: Any, dev: torch.device,
+                        autocast_dtype: Any = None, steady_state: bool = True,
+                        **step_kw: Any) -> tuple[OpTransients, int]:
     model, x, y, opt, loss_fn = step_parts(build_model, input_shape, target_shape, device=dev, **step_kw)
     live = LiveBytes(round_to=BLOCK)
     with live:
