@@ -289,12 +289,14 @@ def _write_notebook(template: Path, dest: Path, values: dict[str, str]) -> None:
 
 
 def _insert_row(text: str, heading: str, row_re: str, nn: str, row: str, path: str) -> str:
-    """``row`` in the table under ``heading``, after the rows numbered below ``nn``."""
+    """``row`` in the table under ``heading``, after the rows numbered below ``nn`` (rows of
+    that section only: a later section's numbered table, the GPU kit's plan say, is not it)."""
     if heading not in text:
         raise ValueError(f"{path} has no section '{heading}' to add the row {row!r} to")
     head, rest = text.split(heading, 1)
     lines = rest.split("\n")
-    rows = [i for i, line in enumerate(lines) if re.match(row_re, line)]
+    end = next((i for i, line in enumerate(lines) if i and line.startswith("## ")), len(lines))
+    rows = [i for i, line in enumerate(lines[:end]) if re.match(row_re, line)]
     if not rows:
         raise ValueError(f"{path}, section '{heading}': no table rows found to add {row!r} after")
     after = max((i for i in rows if lines[i][2:4] < nn), default=rows[0] - 1)

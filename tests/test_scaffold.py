@@ -64,3 +64,13 @@ def test_a_scaffolded_next_notebook_passes_the_tests_with_no_other_edit(tmp_path
                  "tests/test_course_layout.py::test_the_course_parts_agree[check_links]",
                  f"{new.notebook}::Cell 0", f"{new.solution}::Cell 0"):
         assert any(p.startswith(item) for p in passed), (item, run.stdout[-3000:])
+
+
+def test_a_row_goes_into_its_own_sections_table_not_a_later_numbered_one():
+    """README has numbered tables in other sections (the GPU kit's plan: `| 12 | `notebook/02` |`):
+    the notebooks' row is added under '## The notebooks', after its own rows."""
+    text = ("# T\n\n## The notebooks\n\n| NN | notebook |\n|---|---|\n| 00 | `00_a` |\n| 01 | `01_b` |\n\n"
+            "## The GPU kit\n\n| # | task |\n|---|---|\n| 01 | `diagnose/cublas` |\n| 12 | `notebook/01` |\n")
+    out = scaffold._insert_row(text, "## The notebooks", r"\| \d\d \| `", "02", "| 02 | `02_c` |", "README.md")
+    notebooks, kit = out.split("## The GPU kit")
+    assert notebooks.rstrip().endswith("| 01 | `01_b` |\n| 02 | `02_c` |") and "02_c" not in kit
