@@ -228,14 +228,21 @@ def test_an_unreadable_recording_is_skipped_and_named(tmp_path, capsys):
     assert f"{tmp_path / 'bad' / record.STATE} is not a readable kit recording" in capsys.readouterr().out
 
 
-def test_failed_tasks_run_after_the_others_on_resume(tmp_path):
-    run = tmp_path / "r1"
+def test_a_recorded_notebook_is_skipped_and_failed_tasks_run_after_the_others(tmp_path, capsys):
+    run = tmp_path / "2026-11-28-h100"
     run.mkdir()
-    (run / record.STATE).write_text(json.dumps({"dry_run": True, "machine": {}, "started": "1", "tasks": [
-        {"name": "diagnose/cublas", "status": FAILED, "seconds": 3.0}]}))
-    args = gpu_report._parser().parse_args(["--dry-run", "--runs", str(tmp_path), "--only", "diagnose"])
+    (run / record.STATE).write_text(json.dumps({"dry_run": False, "machine": {}, "started": "1", "tasks": [
+        {"name": "diagnose/cublas", "status": FAILED, "seconds": 3.0},
+        {"name": "notebook/02", "status": budget.PASSED, "seconds": 61.5}]}))
+    args = gpu_report._parser().parse_args(["--runs", str(tmp_path), "--only", "diagnose", "notebook/02"])
     chosen, done = gpu_report.resolve(args)
-    assert [t.name for t in chosen][-1] == "diagnose/cublas" and done == {}
+    assert [t.name for t in chosen][-1] == "diagnose/cublas" and done == {"notebook/02": run.name}
+    assert next(t for t in chosen if t.name == "notebook/02").estimate_s == 61.5  # its measured time
+    args = gpu_report._parser().parse_args(["--runs", str(tmp_path), "--only", "notebook/02", "--redo", "notebook"])
+    assert gpu_report.resolve(args)[1] == {}
+    assert gpu_report.main(["--plan", "--runs", str(tmp_path), "--only", "notebook/02", "diagnose/seed003"]) == 0
+    printed = capsys.readouterr().out
+    assert f"recorded in {run.name}" in printed and "1 tasks left" in printed
 
 
 @CPU_ONLY
