@@ -107,10 +107,10 @@ def _parser() -> argparse.ArgumentParser:
 def resolve(args: argparse.Namespace) -> tuple[list[plan.Planned], dict[str, str]]:
     """The selected tasks in the order they will run, and those a recorded run completed."""
     runs = [] if args.fresh else record.recordings(Path(args.runs))
-    done = record.completed(runs, args.dry_run)
-    redo = {t.name for t in plan.select(plan.planned(), args.redo)} if args.redo else set()
-    done = {k: v for k, v in done.items() if k not in redo}
-    chosen = plan.select(plan.planned(plan.ROOT, record.measured_seconds(runs, args.dry_run)), args.only, args.skip)
+    every = plan.planned(plan.ROOT, record.measured_seconds(runs, args.dry_run))
+    redo = {t.name for t in plan.select(every, args.redo)} if args.redo else set()
+    done = {k: v for k, v in record.completed(runs, args.dry_run).items() if k not in redo}
+    chosen = plan.select(every, args.only, args.skip)
     failed = record.failed_before(runs, args.dry_run)
     return [t for t in chosen if t.name not in failed] + [t for t in chosen if t.name in failed], done
 

@@ -8,7 +8,7 @@ Layers, each importing only those above it:
                        commands whose whole process tree ends at a deadline (standard library only);
 * ``record``        -- the output folder within a GPU call's return limits, written whole after
                        every task; recorded runs read back to resume (standard library only);
-* ``nbval_record``  -- a pytest plugin that keeps the notebook nbval executed (nbformat only);
+* ``nbval_record``  -- a pytest plugin that keeps the notebook nbval executed (``record``'s atomic writes);
 * ``diagnose``      -- why a prediction misses on a GPU, op by op (``memory.OpTransients``);
 * ``tasks``         -- every task as a function of the run (``Kit``); the benchmark, examples,
                        tests and notebooks;

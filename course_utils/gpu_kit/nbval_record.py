@@ -14,21 +14,15 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from .record import atomic_write
+
 ENV_VAR = "COURSE_NBVAL_KEEP"
 _STATE: dict[str, dict[str, Any]] = {}  # notebook path -> {"nb", "cells", "count"}
-
-
-def _write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def _output(out: Any, count: int) -> dict[str, Any]:
@@ -60,8 +54,8 @@ def _save(item: Any, report: Any) -> None:
         error = str(getattr(report, "longreprtext", "") or report.longrepr)[-2000:]
     state["cells"].append({"code cell": getattr(item, "cell_num", None), "outcome": report.outcome,
                            "seconds": round(report.duration, 2), "error": error})
-    _write(folder / nb_path.name, json.dumps(state["nb"], indent=1, default=dict))
-    _write(folder / (nb_path.stem + ".cells.json"), json.dumps(state["cells"], indent=1))
+    atomic_write(folder / nb_path.name, json.dumps(state["nb"], indent=1, default=dict))
+    atomic_write(folder / (nb_path.stem + ".cells.json"), json.dumps(state["cells"], indent=1))
 
 
 @pytest.hookimpl(hookwrapper=True)

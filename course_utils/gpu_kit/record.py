@@ -33,7 +33,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .budget import COMPLETE
 
@@ -190,34 +190,30 @@ def recordings(folder: Path = RUNS) -> list[tuple[str, dict[str, Any]]]:
     return sorted(runs, key=lambda r: (r[1].get("started", ""), r[0]))
 
 
-def completed(runs: list[tuple[str, dict[str, Any]]], dry_run: bool) -> dict[str, str]:
-    """task -> the run that completed it (``budget.COMPLETE``), among runs of the same kind (a dry
-    run on a CPU never stands for a GPU's)."""
-    done = {}
+def _same_kind(runs: list[tuple[str, dict[str, Any]]], dry_run: bool) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(run name, task record)`` of every task of the runs of the same kind (a dry run on a CPU
+    never stands for a GPU's), oldest run first."""
     for name, state in runs:
-        if bool(state.get("dry_run")) != dry_run:
-            continue
-        for t in state["tasks"]:
-            if t.get("status") in COMPLETE:
-                done[t["name"]] = name
-    return done
+        if bool(state.get("dry_run")) == dry_run:
+            for t in state["tasks"]:
+                yield name, t
+
+
+def completed(runs: list[tuple[str, dict[str, Any]]], dry_run: bool) -> dict[str, str]:
+    """task -> the run that completed it (``budget.COMPLETE``), among runs of the same kind."""
+    return {t["name"]: name for name, t in _same_kind(runs, dry_run) if t.get("status") in COMPLETE}
 
 
 def failed_before(runs: list[tuple[str, dict[str, Any]]], dry_run: bool) -> set[str]:
     """Tasks a recorded run of the same kind started and did not complete (failed, error, cut)."""
-    tried = {t["name"]: t.get("status") for _, s in runs if bool(s.get("dry_run")) == dry_run
-             for t in s["tasks"] if t.get("seconds", 0) > 0 or t.get("status") in COMPLETE}
+    tried = {t["name"]: t.get("status") for _, t in _same_kind(runs, dry_run)
+             if t.get("seconds", 0) > 0 or t.get("status") in COMPLETE}
     return {n for n, status in tried.items() if status not in COMPLETE}
 
 
 def measured_seconds(runs: list[tuple[str, dict[str, Any]]], dry_run: bool) -> dict[str, float]:
     """task -> its seconds in the newest run of the same kind that completed it."""
-    out = {}
-    for _, state in runs:
-        if bool(state.get("dry_run")) == dry_run:
-            out.update({t["name"]: float(t["seconds"]) for t in state["tasks"] if t.get("status") in COMPLETE})
-    return out
-
+    return {t["name"]: float(t["seconds"]) for _, t in _same_kind(runs, dry_run) if t.get("status") in COMPLETE}
 
 # --------------------------------------------------------------------------------------------
 # Figures that several runs (or tasks) each measure a part of

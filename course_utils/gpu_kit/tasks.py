@@ -13,6 +13,7 @@ import io
 import json
 import os
 import sys
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -44,6 +45,8 @@ class Kit:
     root: Path = plan.ROOT
     details: dict[str, bytes] = field(default_factory=dict)
     summary: Callable[[dict[str, Any]], str] | None = None
+    _packed: dict[str, tuple] = field(default_factory=dict, init=False, repr=False)  # archive -> its members' names and CRCs
+    _dropped: dict[str, list[str]] = field(default_factory=dict, init=False, repr=False)  # archive -> what pack left out
 
     def __post_init__(self) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
@@ -70,12 +73,15 @@ class Kit:
             self.state["tasks"] = tasks + [rec.as_dict()]
         if torch.cuda.is_available() and not self.dry_run:
             self.state["allocated after the last task MiB"] = round(torch.cuda.memory_allocated() / MiB, 1)
-        dropped = record.pack(self.out / record.DETAILS, self.details)
         nb_dir = self.work / "notebooks"
-        members = {p.name: p.read_bytes() for p in sorted(nb_dir.glob("*")) if p.is_file() and not p.name.startswith(".")}
-        dropped += record.pack(self.out / record.NOTEBOOKS, members)
-        if dropped:
-            self.state["left out of the archives"] = dropped
+        notebooks = {p.name: p.read_bytes() for p in sorted(nb_dir.glob("*")) if p.is_file() and not p.name.startswith(".")}
+        for name, members in ((record.DETAILS, self.details), (record.NOTEBOOKS, notebooks)):
+            key = tuple((n, zlib.crc32(data)) for n, data in sorted(members.items()))
+            if self._packed.get(name) != key:  # an archive whose members did not change is not compressed again
+                self._dropped[name] = record.pack(self.out / name, members)
+                self._packed[name] = key
+        if any(self._dropped.values()):
+            self.state["left out of the archives"] = [d for v in self._dropped.values() for d in v]
         if self.raw.exists() and any(self.raw.glob("*.json")):
             record.atomic_write(self.out / record.RECORDED, json.dumps(recorded.merged(self.raw), indent=1) + "\n")
         record.atomic_write(self.out / record.STATE, json.dumps(self.state, indent=1, default=str) + "\n")
@@ -138,19 +144,15 @@ def diagnose_case(kit: Kit, name: str) -> dict[str, Any]:
     return result
 
 
-def diagnose_cublas(kit: Kit) -> dict[str, Any]:
-    return diagnose.cublas(kit.dry_run)
-
-
-def diagnose_allocator(kit: Kit) -> dict[str, Any]:
-    return diagnose.allocator_case(kit.dry_run)
+def _pytest(*args: str) -> list[str]:
+    """A pytest command the kit starts: one process, no cache, none of pyproject's options."""
+    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-o", "addopts=", *args]
 
 
 def gpu_tests(kit: Kit, clock: Clock) -> dict[str, Any]:
     """The ``gpu``-marked tests, with the printed values of the passing ones (``-rP``) in the log."""
     xml = kit.work / "gpu-tests.xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rP", "-m", "gpu", "-p", "no:cacheprovider", "-p", "no:xdist",
-           "-o", "addopts=", str(kit.root / "tests"), f"--junitxml={xml}"]
+    cmd = _pytest("-rP", "-m", "gpu", str(kit.root / "tests"), f"--junitxml={xml}")
     if kit.dry_run:
         return {"status": DRY, "command": " ".join(cmd), "summary": "not run: the gpu-marked tests need a GPU "
                 "(make test collects them and says why each is skipped)"}
@@ -253,9 +255,8 @@ def notebook(kit: Kit, nn: str, clock: Clock) -> dict[str, Any]:
     path = next((kit.root / "notebooks").glob(f"{nn}_*.ipynb"))
     keep = kit.work / "notebooks"
     remaining = clock.remaining() - 2
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-o", "addopts=",
-           "--nbval-lax", f"--nbval-cell-timeout={max(1, int(remaining))}", "-p", "course_utils.gpu_kit.nbval_record",
-           str(path)]
+    cmd = _pytest("--nbval-lax", f"--nbval-cell-timeout={max(1, int(remaining))}", "-p",
+                  "course_utils.gpu_kit.nbval_record", str(path))
     env = kit.env("tiny" if kit.dry_run else "full")
     env["COURSE_NBVAL_KEEP"] = str(keep)
     log = keep / f"{path.stem}.log"
@@ -283,8 +284,8 @@ def build(kit: Kit, name: str) -> Callable[[Clock], dict[str, Any]]:
     """The function that runs task ``name`` (a name of ``plan.planned``), run with ``clock``."""
     group, _, what = name.partition("/")
     simple: dict[str, Callable[[], dict[str, Any]]] = {
-        "diagnose/cublas": lambda: diagnose_cublas(kit),
-        "diagnose/allocator": lambda: diagnose_allocator(kit),
+        "diagnose/cublas": lambda: diagnose.cublas(kit.dry_run),
+        "diagnose/allocator": lambda: diagnose.allocator_case(kit.dry_run),
         "examples/seed003": lambda: seed003(kit),
         "examples/densenet": lambda: densenet(kit),
         "examples/fit": lambda: fit_examples(kit),
