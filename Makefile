@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # compiled when first imported instead of all of torch's and Jupyter's at install (92 -> 48 CPU-s)
 INSTALL_FLAGS ?=
 
-.PHONY: install lab lint test test-fast test-grader test-sweep test-emulated test-compat test-hosted dist clean strip
+.PHONY: install lab lint test test-ci test-fast test-grader test-sweep test-emulated test-compat test-hosted dist clean strip
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -42,11 +42,24 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/python tools/check_stripped.py
 
+# every pytest run of make test and make test-ci goes through tools/no_leftovers.py: it fails the run
+# if a process, a /dev/shm file or a temporary file outlives it (and removes them)
+NO_LEFTOVERS = $(BIN)/python tools/no_leftovers.py --
+
 # the whole suite: lint, unit tests and every notebook in notebooks/ (pyproject.toml's pytest
 # settings; notebooks 08 and 09 with their ranks computing as TF32 GPUs would, conftest.py);
 # about 6 minutes on an idle 2-core machine
 test: lint
-	$(BIN)/python -m pytest -q $(XDIST)
+	$(NO_LEFTOVERS) $(BIN)/python -m pytest -q $(XDIST)
+
+# what CI runs (.ci/run): make test's suite, the grader's core (make test-grader), what a GPU computes
+# differently (make test-emulated) and the scaffold (make test-scaffold) in one pytest session, so
+# that torch, the test modules and the shared predictions (course_utils/session_cache.py) are
+# loaded once per worker instead of once per target
+CI_MARKS = not hosted and not sweep
+test-ci: lint
+	$(BIN)/python -m pip install -q $(INSTALL_FLAGS) -c constraints.txt -e ".[grading]"
+	$(NO_LEFTOVERS) $(BIN)/python -m pytest -q $(XDIST) -m "$(CI_MARKS)" tests notebooks solutions/08_data_parallel.ipynb
 
 # the grader's core end to end (CI): one class of 11 cheating, hostile and honest submissions graded
 # in parallel, the output limit on its own (four kernels at once, no exercise), the issue's forged observations on

@@ -32,3 +32,62 @@ def pytest_runtest_setup(item):
 
     with ranks_on_tf32_for(item.path):
         yield
+
+
+#: ``course_utils.session_cache.ENV_VAR``, named here so that the controller does not import
+#: torch (tests/test_session_cache.py checks the two agree)
+SESSION_CACHE_VAR = "COURSE_SESSION_CACHE"
+
+
+def pytest_configure(config):
+    """One folder of shared predictions per session (``course_utils.session_cache``): the
+    controller (or a run without workers) makes a fresh one, whatever it inherited -- a pytest
+    run on a mutated or scaffolded copy must compute its own -- and its workers, their kernels
+    and the ranks they launch inherit it."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    import tempfile
+
+    config._course_session_cache = tempfile.mkdtemp(prefix="course-predictions-")
+    os.environ[SESSION_CACHE_VAR] = config._course_session_cache
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "_course_session_cache", None)
+    if folder:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# --- how close each test came to its timeout, listed at the end of a run (.ci/run shows it): a
+# test near its limit on an idle machine fails on a loaded one (CI gets ~0.15 of a core per process)
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if call.when == "call":
+        marker = item.get_closest_marker("timeout")
+        limits = [marker.args[0] if marker and marker.args else item.config.getoption("timeout", None)]
+        if item.path.suffix == ".ipynb":  # nbval's own limit for each cell
+            limits.append(item.config.getoption("nbval_cell_timeout", None))
+        limits = [float(t) for t in limits if t]
+        if limits:
+            outcome.get_result().user_properties.append(("timeout_s", min(limits)))
+
+
+_NEAR: list[tuple[float, float, str]] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call":
+        limit = dict(report.user_properties).get("timeout_s")
+        if limit:
+            _NEAR.append((report.duration / limit, report.duration, report.nodeid))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _NEAR:
+        return
+    terminalreporter.section("closest to their timeouts (duration / timeout)")
+    for share, seconds, nodeid in sorted(_NEAR, reverse=True)[:8]:
+        terminalreporter.write_line(f"{share:6.1%}  {seconds:7.1f} s  {nodeid}")

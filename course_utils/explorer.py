@@ -6,14 +6,14 @@ controls with a stacked bar. How it stays fast enough to move a slider, and what
 
 * **One prediction per model configuration**, cached: the steady-state training step
   (``memory.predict_step``: Adam state resident, CUDA's autocast rules, 512-byte blocks) at
-  batch 2. Parameters, gradients and optimizer state do not grow with the batch; activations,
+  batch 2 (in a test session, shared by its processes: ``session_cache``). Parameters, gradients and optimizer state do not grow with the batch; activations,
   temporaries and the batch itself grow in proportion to it. ``tests/test_explorer.py`` checks
   the scaled figure against direct predictions at other batches.
 * **What a card needs beyond the prediction** (``Overheads``): the CUDA context, which the
   allocator never sees, and slack for what the prediction cannot see -- cuDNN workspaces,
   allocator rounding and fragmentation (reserved above allocated). Defaults are assumptions
   stated in ``Overheads.source``; when a GPU run has been recorded (``recorded``), its measured
-  context and reserved/allocated ratio replace them. ``seed000_overheads`` is the context seed
+  context replaces the assumed one (``overheads`` says why the slack stays assumed). ``seed000_overheads`` is the context seed
   000's own numbers imply (~1.1 GiB), and ``margin`` / ``margin_table`` say how much room a batch
   has under each assumption and up to which context it still fits.
 * **Data parallelism** (``dp_ranks`` > 1): each GPU holds the step of its share of the batch
@@ -37,6 +37,7 @@ from typing import Any
 import torch
 import torch.utils._python_dispatch
 
+from . import session_cache
 from .checkpointing import save_convolutions
 from .inplace_abn import inplace_abn
 from .memory import GiB, MiB, predict_step
@@ -224,6 +225,7 @@ def _predict(cfg: Config, batch: int):
 
 
 @functools.lru_cache(maxsize=256)
+@session_cache.shared("explorer.probe")
 def _probe(key: tuple) -> dict[str, Any]:
     """The configuration's steady-state step predicted at the probe batch: each part of the peak
     as (fixed bytes, bytes per sample), and the saved-for-backward bytes."""
@@ -355,6 +357,7 @@ def seed000_overheads(slack: float | None = None) -> Overheads:
 
 
 @functools.lru_cache(maxsize=64)
+@session_cache.shared("explorer.direct")
 def _direct(key: tuple, batch: int) -> int:
     return _predict(Config(**dict(key)), batch).peak
 
@@ -430,6 +433,7 @@ def all_combinations(base: Config, precisions=None, lean_up=(False,), checkpoint
 # Time: what each configuration costs, estimated on a CPU (measured on a GPU by the benchmark)
 # --------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=64)
+@session_cache.shared("explorer.flops")
 def _flops(key: tuple) -> int:
     """FLOPs of one training step at the probe batch (forward, backward, recomputation)."""
     from .checkpointing import step_flops
@@ -579,6 +583,7 @@ class _Saved:
 
 
 @functools.lru_cache(maxsize=64)
+@session_cache.shared("explorer.traffic")
 def _traffic(key: tuple) -> dict[str, Any]:
     """One steady-state training step of the configuration (without offload), at the probe batch,
     under FakeTensorMode with CUDA's autocast rules and Adam's foreach update, as the prediction:

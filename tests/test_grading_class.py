@@ -176,13 +176,11 @@ def sandboxed_class(tmp_path_factory, protect_checks):
     folder = tmp_path_factory.mktemp("class")
     write(folder, "00_a_correct.ipynb", notebook(SOLUTION, HONEST_NAMES))
     write(folder, "00_b_untouched.ipynb", notebook(EXERCISE, *BOB_CELLS, at=2))
-    write(folder, "00_c_fake_run_exercise.ipynb", notebook(EXERCISE, FAKE_RUN))
     write(folder, "00_e_patched_allclose.ipynb", notebook(EXERCISE, PATCH_ALLCLOSE, at=3))
     write(folder, "00_f_disk_edit.ipynb", notebook(EXERCISE, DISK_EDIT, at=3))
     write(folder, "00_g_untouched_after_edit.ipynb", notebook(EXERCISE))
     write(folder, "00_h_reads_solutions.ipynb", notebook(EXERCISE, READ_SOLUTIONS))
     write(folder, "00_l_bare_except_loop.ipynb", notebook(SOLUTION, BARE_EXCEPT_LOOP, at=6))
-    write(folder, "00_m_flood.ipynb", notebook(SOLUTION, FLOOD, at=6))
     write(folder, "00_n_memory_hog.ipynb", notebook(SOLUTION, MEMORY_HOG, at=6))
     write(folder, "00_o_kernel_dies.ipynb", notebook(SOLUTION, KERNEL_DEATH, at=3))
     (folder / "notes.ipynb").write_text(nbformat.writes(notebook(SOLUTION)))
@@ -193,12 +191,16 @@ def sandboxed_class(tmp_path_factory, protect_checks):
 @pytest.fixture(scope="module")
 def sweep_class(tmp_path_factory, protect_checks):
     """The same grader on the other in-memory cheats (make test-sweep): each is a way around the
-    one defence CI's class already tests (a fresh process judges, with its own copy of the checks)."""
+    one defence CI's class already tests (a fresh process judges, with its own copy of the checks),
+    and a printing flood in a class (CI tests the output limit itself in
+    tests/test_grading_output_limit.py, four floods in kernels of their own)."""
     folder = tmp_path_factory.mktemp("class_sweep")
     write(folder, "00_d_post_run_hook.ipynb", notebook(EXERCISE, POST_RUN_HOOK, at=3))
     write(folder, "00_i_exec_solution.ipynb", notebook(EXERCISE, SOLUTION_VIA_EXEC))
     write(folder, "00_j_fakes_reference.ipynb", notebook(EXERCISE, FAKE_TENSOR_NBYTES))
     write(folder, "00_k_honest_names.ipynb", notebook(SOLUTION, HONEST_NAMES))
+    write(folder, "00_c_fake_run_exercise.ipynb", notebook(EXERCISE, FAKE_RUN))
+    write(folder, "00_m_flood.ipynb", notebook(SOLUTION, FLOOD, at=6))
     return grade_class(folder)
 
 
@@ -224,14 +226,14 @@ def test_timeout_of_three_seconds_does_not_zero_correct_work(sandboxed_class):
     assert a.score == 5 and all(c["status"] == "ok" for c in a.cells)
 
 
-@pytest.mark.parametrize("name", ["00_c_fake_run_exercise.ipynb", "00_e_patched_allclose.ipynb"])
-def test_patching_the_kernel_or_the_checks_in_memory_wins_nothing(sandboxed_class, name):
-    r = row(sandboxed_class, name)
+def test_patching_the_checks_in_memory_wins_nothing(sandboxed_class):
+    r = row(sandboxed_class, "00_e_patched_allclose.ipynb")
     assert r.score == 0, r.parts
 
 
 @SWEEP
-@pytest.mark.parametrize("name", ["00_d_post_run_hook.ipynb", "00_j_fakes_reference.ipynb"])
+@pytest.mark.parametrize("name", ["00_c_fake_run_exercise.ipynb", "00_d_post_run_hook.ipynb",
+                                  "00_j_fakes_reference.ipynb"])
 def test_other_in_memory_cheats_win_nothing(sweep_class, name):
     r = row(sweep_class, name)
     assert r.score == 0, r.parts
@@ -277,8 +279,9 @@ def test_bare_except_loop_is_killed_reported_and_graded(sandboxed_class):
     assert any(c["status"] == "killed" for c in r.cells)
 
 
-def test_printing_flood_is_stopped(sandboxed_class):
-    r = row(sandboxed_class, "00_m_flood.ipynb")
+@SWEEP
+def test_printing_flood_is_stopped_in_a_class(sweep_class):
+    r = row(sweep_class, "00_m_flood.ipynb")
     assert r.score == 5
     assert any(f"printed more than {OUTPUT_LIMIT_MIB:g} MiB" in n for n in r.notes), r.notes
 

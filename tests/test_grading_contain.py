@@ -18,13 +18,18 @@ CONTAIN = Path(grade.__file__).with_name("contain.py")
 CONTAINED = sys.platform.startswith("linux") and grade.containment()[0]
 needs_namespaces = pytest.mark.skipif(not CONTAINED, reason=f"no user namespaces here: {grade.containment()[1]}")
 
-REFORKER = """
+# a program that outlives its parent: a chain of processes, each forking the next and exiting (its
+# own deadline ends the chain REFORKER_LIFE seconds after it started, should a test's kill lose
+# the race with it on a loaded machine)
+REFORKER_LIFE = 60
+REFORKER = f"""
 import os, sys, time
 marker = sys.argv[1]
 open("/dev/shm/left-by-the-run", "w").write("a message for the next submission")
+deadline = time.monotonic() + {REFORKER_LIFE}
 if os.fork() == 0:
     os.setsid()
-    while True:                      # a new process every ~2 ms, its parent gone each time
+    while time.monotonic() < deadline:   # a new process every ~2 ms, its parent gone each time
         if os.fork():
             os._exit(0)
         time.sleep(0.002)
@@ -33,6 +38,7 @@ if os.fork() == 0:
                 f.write(".")
         except OSError:
             pass
+    os._exit(0)
 time.sleep(0.5)
 sys.exit(7)
 """

@@ -64,16 +64,19 @@ def tensor_nbytes(shape, dtype):
 def reforker(name: str) -> str:
     """A cell that starts a process re-forking itself every ~2 ms (its parent exits each time),
     every generation named ``name`` (``/proc/PID/comm``): Landlock keeps it from writing a marker
-    outside its scratch folder, so the test finds it by name."""
+    outside its scratch folder, so the test finds it by name. The chain ends by itself two minutes
+    after it started, should the grader fail to end it (the test fails then, and leaves nothing)."""
     return f"""
 import ctypes, os, time
+deadline = time.monotonic() + 120
 if os.fork() == 0:
     os.setsid()
     ctypes.CDLL(None).prctl(15, {name.encode()!r}, 0, 0, 0)   # PR_SET_NAME
-    while True:
+    while time.monotonic() < deadline:
         if os.fork():
             os._exit(0)
         time.sleep(0.002)
+    os._exit(0)
 time.sleep(1)
 """
 
