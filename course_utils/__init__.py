@@ -12,6 +12,7 @@ One concept a module (tests/test_layout.py checks that every module is listed he
 * ``tf32``           -- TF32: ``exact_fp32()`` for comparisons, ``emulate_tf32()`` for CI
 * ``allocator``      -- the CUDA caching allocator: snapshots, expandable segments, its model
 * ``recorded``       -- figures recorded on a GPU, shown (with their origin) where there is none
+* ``session_cache``  -- predictions computed once for all the processes of one test session
 * ``limit_test``     -- seed 003's Conv3d 1-4-8-1 memory-limit net
 * ``tiling``         -- (a package) a volume trained in slabs: the derived halo, the exact tiled
                         step (BatchNorm included), its memory predicted and measured

@@ -197,7 +197,10 @@ def test_submissions_import_what_pythonpath_installed_but_never_the_course(tmp_p
     site.mkdir()
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(ROOT), str(tmp_path / "missing")]))
     assert grade_module.package_paths() == [str(site)]
-    env = grade_module.Grader(Options())._env(tmp_path, tmp_path / "lib")
+    with grade_module.Grader(Options()) as grader:
+        env = grader._env(tmp_path, tmp_path / "lib")
+        assert grader.workdir.is_dir()
+    assert not grader.workdir.exists()  # close() removes the grader's folder
     assert env["PYTHONPATH"].split(os.pathsep) == [str(tmp_path / "lib"), str(site)]
     monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])
     assert str(site) in limits.python_read_paths()  # and Landlock lets the submission read them

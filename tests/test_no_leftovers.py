@@ -16,7 +16,8 @@ linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl a
 
 
 def _run(code: str, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(TOOL), "--grace", "0.5", *extra, "--", sys.executable, "-c", code],
+    return subprocess.run([sys.executable, str(TOOL), "--grace", "0.5", "--strict-temp", *extra, "--",
+                           sys.executable, "-c", code],
                           capture_output=True, text=True, timeout=120)
 
 
@@ -71,3 +72,13 @@ def test_it_refuses_a_missing_command_and_a_negative_grace():
     for args in ([], ["--grace", "-1", "--", "true"]):
         r = subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and ("no command" in r.stderr or "--grace must be" in r.stderr), r.stderr
+
+
+def test_temporary_files_alone_are_listed_and_fail_only_when_strict(tmp_path):
+    code = ("import os, tempfile; d = tempfile.gettempdir(); os.makedirs(os.path.join(d, 'empty', 'tree'));"
+            "os.makedirs(os.path.join(d, 'full')); open(os.path.join(d, 'full', 'f'), 'w')")
+    lenient = subprocess.run([sys.executable, str(TOOL), "--", sys.executable, "-c", code],
+                             capture_output=True, text=True, timeout=120)
+    assert lenient.returncode == 0 and "temporary folder left behind: full" in lenient.stderr, lenient.stderr
+    assert "left behind: empty" not in lenient.stderr  # folders with no file in them are not work left behind
+    assert _run(code).returncode == 1

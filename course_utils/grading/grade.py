@@ -27,6 +27,7 @@ import contextlib
 import csv
 import io
 import json
+import multiprocessing.util
 import os
 import re
 import secrets
@@ -178,6 +179,16 @@ class Grader:
         self._libs: dict[str, dict[str, bytes]] = {}
         self.contained, self.containment = containment() if self.opts.contain else (False, "switched off")
         self.count = 0
+
+    def close(self) -> None:
+        """Remove the grader's working folder (every submission's scratch folder is in it)."""
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Grader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # -- what the processes get ---------------------------------------------------------------
     def sandbox_lib(self, nn_id: str) -> dict[str, bytes]:
@@ -704,9 +715,8 @@ _WORKER: list = []
 def _worker_start(options: Options) -> None:
     limits.set_pdeathsig()  # a worker dies with the grader (and its runs with it: contain.py)
     _WORKER.append(Grader(options))
-    import atexit
-
-    atexit.register(shutil.rmtree, _WORKER[0].workdir, True)
+    # at the worker's exit: a pool's worker leaves through os._exit, which skips atexit's handlers
+    multiprocessing.util.Finalize(_WORKER[0], _WORKER[0].close, exitpriority=10)
 
 
 def _worker_grade(path: str, seed: int | None) -> Result:
@@ -736,7 +746,6 @@ def grade_many(paths: list[str], options: Options | None = None, progress: bool 
     results: list[Result | None] = [None] * len(notebooks)
     todo = list(range(len(notebooks)))
     if jobs > 1:
-        import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
         from concurrent.futures.process import BrokenProcessPool
 
@@ -765,7 +774,7 @@ def grade_many(paths: list[str], options: Options | None = None, progress: bool 
                     results[i] = _failed(notebooks[i], err)
                 bar.update()
         finally:
-            shutil.rmtree(grader.workdir, ignore_errors=True)
+            grader.close()
     bar.close()
     return [r for r in results if r is not None]
 
