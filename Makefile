@@ -21,6 +21,12 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# nbgrader and the grader's other extras, for the grader's tests (make test-ci, test-grader, test-sweep)
+GRADING_STAMP := $(VENV)/.grading-installed
+$(GRADING_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install -q $(INSTALL_FLAGS) -c constraints.txt -e ".[grading]"
+	touch $(GRADING_STAMP)
+
 # Jupyter refuses to start as root without --allow-root (containers, cloud VMs): add it only then
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
 
@@ -57,8 +63,7 @@ test: lint
 # that torch, the test modules and the shared predictions (course_utils/session_cache.py) are
 # loaded once per worker instead of once per target
 CI_MARKS = not hosted and not sweep
-test-ci: lint
-	$(BIN)/python -m pip install -q $(INSTALL_FLAGS) -c constraints.txt -e ".[grading]"
+test-ci: lint $(GRADING_STAMP)
 	$(NO_LEFTOVERS) $(BIN)/python -m pytest -q $(XDIST) -m "$(CI_MARKS)" tests notebooks solutions/08_data_parallel.ipynb
 
 # the grader's core end to end (CI): one class of 11 cheating, hostile and honest submissions graded
@@ -68,8 +73,7 @@ test-ci: lint
 # solution; tests/test_exercises.py grades every part of every solution and every typical wrong
 # answer). Each graded submission costs about 10 s of CPU (a kernel and a sandbox, each importing
 # torch), and CI gets about 0.3 of a core (.ci/run): the rest of the adversarial suite is make test-sweep's
-test-grader: install
-	$(BIN)/python -m pip install -q $(INSTALL_FLAGS) -c constraints.txt -e ".[grading]"
+test-grader: $(GRADING_STAMP)
 	$(BIN)/python -m pytest -q -m "grader and not sweep" tests
 
 # the rest of the grader's adversarial suite and the exhaustive sweeps, not in CI (like make mutation;
@@ -83,8 +87,7 @@ test-grader: install
 # kernel by the student release's `make check`, passing every part the release checks (`pytest
 # solutions` runs the solutions under nbval, the same runs); seed 004's DenseNet test, whose every
 # assert notebook 07 makes in make test
-test-sweep: install
-	$(BIN)/python -m pip install -q $(INSTALL_FLAGS) -c constraints.txt -e ".[grading]"
+test-sweep: $(GRADING_STAMP)
 	$(BIN)/python -m pytest -q -m sweep tests
 
 # what a GPU computes differently, on the CPU (about 1-2 minutes): the tests marked `emulated` (the

@@ -43,7 +43,8 @@ def test_test_ci_is_one_session_of_every_ci_target():
     assert marks == "not hosted and not sweep"  # grader, emulated and scaffold tests included
     assert '-m "$(CI_MARKS)"' in ci and "tests notebooks solutions/08_data_parallel.ipynb" in ci
     assert "$(NO_LEFTOVERS)" in ci and "$(NO_LEFTOVERS)" in _recipe("test")
-    assert '".[grading]"' in ci  # nbgrader, for the grader's tests
+    assert re.search(r"^test-ci: .*\$\(GRADING_STAMP\)", MAKEFILE, re.M)  # nbgrader, for the grader's tests
+    assert '".[grading]"' in _recipe("$(GRADING_STAMP)")
     assert "solutions/08_data_parallel.ipynb" in _recipe("test-emulated")
     from course_utils.tf32 import TF32_RANK_NOTEBOOKS
 
