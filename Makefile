@@ -49,8 +49,9 @@ lint: install
 	$(BIN)/python tools/check_stripped.py
 
 # every pytest run of make test and make test-ci goes through tools/no_leftovers.py: it fails the run
-# if a process, a /dev/shm file or a temporary file outlives it (and removes them)
-NO_LEFTOVERS = $(BIN)/python tools/no_leftovers.py --
+# if a process, a /dev/shm file or a temporary file outlives it (and removes them; a folder it lists
+# shows a few of its files, to tell whose it is)
+NO_LEFTOVERS = $(BIN)/python tools/no_leftovers.py --strict-temp --
 
 # the whole suite: lint, unit tests and every notebook in notebooks/ (pyproject.toml's pytest
 # settings; notebooks 08 and 09 with their ranks computing as TF32 GPUs would, conftest.py);
@@ -66,7 +67,7 @@ CI_MARKS = not hosted and not sweep
 test-ci: lint $(GRADING_STAMP)
 	$(NO_LEFTOVERS) $(BIN)/python -m pytest -q $(XDIST) -m "$(CI_MARKS)" tests notebooks solutions/08_data_parallel.ipynb
 
-# the grader's core end to end (CI): one class of 11 cheating, hostile and honest submissions graded
+# the grader's core end to end (CI): one class of 9 files (7 graded cheating, hostile and honest submissions) graded
 # in parallel, the output limit on its own (four kernels at once, no exercise), the issue's forged observations on
 # exercises 00 and 03, a grader killed mid-run,
 # nbgrader generate_assignment (make test runs the student release's make check on exercise 00 and its

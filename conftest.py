@@ -65,6 +65,8 @@ def pytest_unconfigure(config):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
+    if call.when == "teardown" and _CPU_START in item.stash:
+        outcome.get_result().user_properties.append(("cpu_s", _cpu_seconds() - item.stash[_CPU_START]))
     if call.when == "call":
         marker = item.get_closest_marker("timeout")
         limits = [marker.args[0] if marker and marker.args else item.config.getoption("timeout", None)]
@@ -76,9 +78,47 @@ def pytest_runtest_makereport(item, call):
 
 
 _NEAR: list[tuple[float, float, str]] = []
+_CPU: dict[str, float] = {}
+
+# --- the CPU seconds each test cost (setup, call and teardown; a module's fixtures count in its
+# first test), listed at the end of a run with each file's total: CI's time is its CPU seconds
+_CPU_START = pytest.StashKey[float]()
+
+
+def _cpu_seconds() -> float:
+    """User + system seconds of this process, of the children it has reaped and of every live
+    descendant (a notebook's kernel, a grader's sandbox, a launched rank; Linux's /proc, read
+    without a scan of every process: each test reads it twice)."""
+    import resource
+
+    total = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+                for f in ("ru_utime", "ru_stime"))
+    todo, ticks = [os.getpid()], os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    while todo:
+        pid = todo.pop()
+        try:
+            for task in os.scandir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task.name}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+            if pid != os.getpid():
+                with open(f"/proc/{pid}/stat") as f:  # utime stime cutime cstime: fields 14-17
+                    total += sum(int(v) for v in f.read().rsplit(")", 1)[1].split()[11:15]) / ticks
+        except (OSError, ValueError):  # gone meanwhile (counted once reaped), or no /proc
+            continue
+    return total
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    item.stash[_CPU_START] = _cpu_seconds()
+    yield
 
 
 def pytest_runtest_logreport(report):
+    if report.when == "teardown":
+        cpu = dict(report.user_properties).get("cpu_s")
+        if cpu is not None:
+            _CPU[report.nodeid] = cpu
     if report.when == "call":
         limit = dict(report.user_properties).get("timeout_s")
         if limit:
@@ -86,6 +126,16 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
+    if _CPU:
+        files: dict[str, float] = {}
+        for nodeid, cpu in _CPU.items():
+            files[nodeid.split("::")[0]] = files.get(nodeid.split("::")[0], 0.0) + cpu
+        terminalreporter.section(f"CPU seconds: {sum(_CPU.values()):.0f} in tests (the costliest files and tests)")
+        for name, cpu in sorted(files.items(), key=lambda kv: -kv[1])[:int(os.environ.get("COURSE_CPU_TOP", 20))]:
+            terminalreporter.write_line(f"{cpu:7.1f} s  {name}")
+        terminalreporter.write_line("")
+        for nodeid, cpu in sorted(_CPU.items(), key=lambda kv: -kv[1])[:int(os.environ.get("COURSE_CPU_TOP", 20))]:
+            terminalreporter.write_line(f"{cpu:7.1f} s  {nodeid}")
     if not _NEAR:
         return
     terminalreporter.section("closest to their timeouts (duration / timeout)")

@@ -30,6 +30,8 @@ checkpointing" did, per block). Both keep BatchNorm's running statistics updated
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -37,6 +39,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from . import session_cache
 from .checkpointing import checkpointed
 
 #: DenseNet-169 (torchvision's densenet169): growth 32, blocks (6, 12, 32, 32), bn_size 4,
@@ -265,6 +268,25 @@ def predict_seed004(build: Callable[[], nn.Module], batch: int = SEED004_BATCH, 
 
     kwargs.setdefault("module_peaks", False)
     return predict_step(build, **seed004_step_args(batch), **kwargs)
+
+
+def predict_densenet169(batch: int = SEED004_BATCH, **switches: bool):
+    """Seed 004's step on ``densenet169(**switches)`` (``memory_efficient``,
+    ``checkpoint_blocks``), predicted at most once per process -- and once per test session, for
+    every process of it (``session_cache``): notebooks 07 and 10 ask for the same variants. The
+    per-op log is not kept (``log`` is None); peak, breakdown and method are."""
+    unknown = set(switches) - {"memory_efficient", "checkpoint_blocks"}
+    if unknown:
+        raise TypeError(f"predict_densenet169: unknown switch(es) {sorted(unknown)}; "
+                        "use memory_efficient=True and/or checkpoint_blocks=True")
+    return _densenet169_step(tuple(sorted((k, bool(v)) for k, v in switches.items())), int(batch))
+
+
+@functools.lru_cache(maxsize=None)
+@session_cache.shared("densenet.seed004")
+def _densenet169_step(switches: tuple[tuple[str, bool], ...], batch: int):
+    prediction = predict_seed004(lambda: densenet169(**dict(switches)), batch)
+    return dataclasses.replace(prediction, log=None)  # the log holds weak references: not picklable
 
 
 # --------------------------------------------------------------------------------------------

@@ -62,17 +62,18 @@ def _course_setup(tested=((%d, %d), (%d, %d))):
         return
     from importlib.metadata import version
     torch_v = version("torch")
-    keep = os.path.join(tempfile.mkdtemp(), "keep-torch.txt")
-    with open(keep, "w") as f:
-        f.write(f"torch=={torch_v}\\n")
-    if tested[0] <= tuple(int(x) for x in re.findall(r"\\d+", torch_v)[:2]) < tested[1]:
-        subprocess.check_call(pip + ["-c", keep, src])
-        print(f"installed course_utils from {src}; torch {torch_v} kept (pip was constrained to it)")
-    else:
-        subprocess.check_call(pip + ["--no-deps", src])
-        subprocess.check_call(pip + ["-c", keep, "numpy", "pandas", "matplotlib", "tqdm"])
-        print(f"torch {torch_v} is outside the versions the course is tested on (>=%d.%d,<%d.%d): installed "
-              f"course_utils from {src} without its dependencies, torch {torch_v} kept; some cells may fail")
+    with tempfile.TemporaryDirectory() as tmp:  # pip's constraint file, removed after
+        keep = os.path.join(tmp, "keep-torch.txt")
+        with open(keep, "w") as f:
+            f.write(f"torch=={torch_v}\\n")
+        if tested[0] <= tuple(int(x) for x in re.findall(r"\\d+", torch_v)[:2]) < tested[1]:
+            subprocess.check_call(pip + ["-c", keep, src])
+            print(f"installed course_utils from {src}; torch {torch_v} kept (pip was constrained to it)")
+        else:
+            subprocess.check_call(pip + ["--no-deps", src])
+            subprocess.check_call(pip + ["-c", keep, "numpy", "pandas", "matplotlib", "tqdm"])
+            print(f"torch {torch_v} is outside the versions the course is tested on (>=%d.%d,<%d.%d): installed "
+                  f"course_utils from {src} without its dependencies, torch {torch_v} kept; some cells may fail")
     importlib.invalidate_caches()
 
 

@@ -2,6 +2,8 @@
 independent formula, memory-efficient and checkpointed variants equal to the naive one (gradients
 and BN statistics), the batch model against direct predictions, and the out-of-memory case."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch import nn
@@ -86,3 +88,35 @@ def test_seed004_runs_out_of_memory_at_batch_8_and_the_techniques_fix_it():
     assert naive.peak(8) > six and naive.largest_batch(six) < 8
     assert eff.peak(8) < 0.5 * naive.peak(8)
     assert eff.largest_batch(six) > 1.5 * 8
+
+
+def test_a_variant_is_predicted_once_per_session_and_its_copy_drops_only_the_log(monkeypatch, tmp_path):
+    """``predict_densenet169``: the switches name the variant whatever their order, one prediction
+    per variant for every process of a session (``session_cache``), the copy whole but its log."""
+    import course_utils.densenet as dn
+    from course_utils.memory.predict import Prediction
+
+    built = []
+
+    def fake_predict(build, batch):
+        net = build()
+        built.append((net.memory_efficient, net.checkpoint_blocks, batch))
+        return Prediction(peak=batch, breakdown={"Total": batch}, saved_peak=0, after_forward={},
+                          parameters=1, log=lambda: None, method="stub")  # a lambda: not picklable
+
+    monkeypatch.setattr(dn, "predict_seed004", fake_predict)
+    monkeypatch.setattr(dn, "densenet169", lambda **kw: SimpleNamespace(
+        memory_efficient=kw.get("memory_efficient", False), checkpoint_blocks=kw.get("checkpoint_blocks", False)))
+    monkeypatch.setenv("COURSE_SESSION_CACHE", str(tmp_path))
+    dn._densenet169_step.cache_clear()
+    try:
+        a = dn.predict_densenet169(4, checkpoint_blocks=True, memory_efficient=True)
+        dn._densenet169_step.cache_clear()  # another process of the session: reads the file
+        b = dn.predict_densenet169(4, memory_efficient=True, checkpoint_blocks=True)
+        assert built == [(True, True, 4)] and a == b and a.log is None and (a.peak, a.method) == (4, "stub")
+        dn.predict_densenet169(4)
+        assert built[-1] == (False, False, 4) and len(list(tmp_path.iterdir())) == 2
+        with pytest.raises(TypeError, match="unknown switch.*memory_efficient=True"):
+            dn.predict_densenet169(memory_eficient=True)
+    finally:
+        dn._densenet169_step.cache_clear()

@@ -79,8 +79,10 @@ def test_a_bounded_command_and_everything_it_started_end_at_its_deadline(tmp_pat
     assert "started" in (tmp_path / "cmd.log").read_text()
     grandchild = int(pid_file.read_text())
     for _ in range(50):
-        state = Path(f"/proc/{grandchild}/stat")
-        if not state.exists() or state.read_text().split(")")[1].split()[0] == "Z":
+        try:  # gone, or a zombie waiting for its parent (it may vanish between two reads)
+            if Path(f"/proc/{grandchild}/stat").read_text().split(")")[1].split()[0] == "Z":
+                break
+        except FileNotFoundError:
             break
         time.sleep(0.1)
     else:

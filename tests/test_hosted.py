@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 import zipfile
 from pathlib import Path
@@ -46,7 +47,11 @@ def cell(monkeypatch, tmp_path):
                             lambda name, *a: real("json") if name in installed else None)
         monkeypatch.setattr(importlib.metadata, "version", lambda name: torch_version)
         monkeypatch.setattr(subprocess, "check_call", check_call)
+        temp = tmp_path / "temp"
+        temp.mkdir(exist_ok=True)
+        monkeypatch.setattr(tempfile, "tempdir", str(temp))
         exec(compile(hosted.SETUP_CELL, "<setup cell>", "exec"), {"__name__": "__main__"})
+        assert not list(temp.iterdir()), "the setup cell left a temporary file behind (a learner's /tmp fills up)"
         return calls, constraints, capsys.readouterr().out
 
     return run

@@ -136,6 +136,15 @@ def _holds_a_file(path: Path) -> bool:
     return any(not d.is_dir() or d.is_symlink() for d in path.rglob("*"))
 
 
+def _sample(folder: Path, n: int = 3) -> str:
+    """A few of the files in ``folder``, to tell whose it is (a folder named by ``tempfile`` alone
+    says nothing)."""
+    if not folder.is_dir() or folder.is_symlink():
+        return ""
+    files = sorted(str(f.relative_to(folder)) for f in folder.rglob("*") if not f.is_dir())
+    return f" (holds {', '.join(files[:n])}{', ...' if len(files) > n else ''})"
+
+
 def shm_names() -> set[str]:
     try:
         return set(os.listdir(SHM))
@@ -180,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                 (SHM / name).unlink()
             except OSError:
                 pass
-    temporary = [f"temporary {'folder' if p.is_dir() else 'file'} left behind: {p.name}"
+    temporary = [f"temporary {'folder' if p.is_dir() else 'file'} left behind: {p.name}{_sample(p)}"
                  for p in sorted(tmp.iterdir()) if _holds_a_file(p)]
     shutil.rmtree(tmp, ignore_errors=True)
     if args.strict_temp:

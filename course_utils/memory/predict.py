@@ -41,7 +41,7 @@ class Prediction:
     saved_peak: int  # saved-for-backward bytes (saved_tensors_hooks), at their maximum
     after_forward: dict[str, int]  # bytes per category when the model's forward returns
     parameters: int  # number of parameters
-    log: MemoryLog = field(repr=False)
+    log: MemoryLog | None = field(repr=False)  # None where a cached copy dropped it (densenet)
     steady_state: bool = True
     target: str = "cuda"
     method: str = "predicted (MemTracker under FakeTensorMode)"
