@@ -83,6 +83,8 @@ _CPU: dict[str, float] = {}
 # --- the CPU seconds each test cost (setup, call and teardown; a module's fixtures count in its
 # first test), listed at the end of a run with each file's total: CI's time is its CPU seconds
 _CPU_START = pytest.StashKey[float]()
+#: /proc's clock ticks per second
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def _cpu_seconds() -> float:
@@ -93,7 +95,7 @@ def _cpu_seconds() -> float:
 
     total = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
                 for f in ("ru_utime", "ru_stime"))
-    todo, ticks = [os.getpid()], os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    todo = [os.getpid()]
     while todo:
         pid = todo.pop()
         try:
@@ -102,7 +104,7 @@ def _cpu_seconds() -> float:
                     todo += [int(c) for c in f.read().split()]
             if pid != os.getpid():
                 with open(f"/proc/{pid}/stat") as f:  # utime stime cutime cstime: fields 14-17
-                    total += sum(int(v) for v in f.read().rsplit(")", 1)[1].split()[11:15]) / ticks
+                    total += sum(int(v) for v in f.read().rsplit(")", 1)[1].split()[11:15]) / _TICKS
         except (OSError, ValueError):  # gone meanwhile (counted once reaped), or no /proc
             continue
     return total
@@ -127,14 +129,16 @@ def pytest_runtest_logreport(report):
 
 def pytest_terminal_summary(terminalreporter):
     if _CPU:
+        top = int(os.environ.get("COURSE_CPU_TOP", 20))
         files: dict[str, float] = {}
         for nodeid, cpu in _CPU.items():
-            files[nodeid.split("::")[0]] = files.get(nodeid.split("::")[0], 0.0) + cpu
+            name = nodeid.split("::")[0]
+            files[name] = files.get(name, 0.0) + cpu
         terminalreporter.section(f"CPU seconds: {sum(_CPU.values()):.0f} in tests (the costliest files and tests)")
-        for name, cpu in sorted(files.items(), key=lambda kv: -kv[1])[:int(os.environ.get("COURSE_CPU_TOP", 20))]:
+        for name, cpu in sorted(files.items(), key=lambda kv: -kv[1])[:top]:
             terminalreporter.write_line(f"{cpu:7.1f} s  {name}")
         terminalreporter.write_line("")
-        for nodeid, cpu in sorted(_CPU.items(), key=lambda kv: -kv[1])[:int(os.environ.get("COURSE_CPU_TOP", 20))]:
+        for nodeid, cpu in sorted(_CPU.items(), key=lambda kv: -kv[1])[:top]:
             terminalreporter.write_line(f"{cpu:7.1f} s  {nodeid}")
     if not _NEAR:
         return

@@ -18,9 +18,9 @@ or anything in its temporary folder.
   and removed (POSIX shared memory and semaphores a process forgot; they hold RAM until reboot).
 * **Temporary files.** The command runs with ``TMPDIR`` (``TEMP``, ``TMP``) set to a fresh folder;
   whatever is still in it at the end (a file, or a folder with a file in it) is listed, and the
-  folder is removed. They fail the run only with ``--strict-temp``: make test still leaves some
-  (2026-11-27: the grader's folders of a grader a test killed, torch.distributed's elastic
-  folders, inductor's cache, unnamed ``tempfile`` folders), listed at the end of each run.
+  folder is removed; a folder is shown with a few of its files, to tell whose it is. They fail
+  the run only with ``--strict-temp``, which make test and make test-ci pass (a clean-clone
+  ``.ci/run`` of 2026-11-27 left none).
 
 The exit status is the command's own when it failed; else 1 when a process or a /dev/shm file
 was left behind (or, with ``--strict-temp``, a temporary file), 0 when nothing was. On a system without ``prctl`` (macOS) only the temporary folder is checked.
