@@ -181,6 +181,55 @@ def test_global_peak_without_module_peaks_is_the_same():
     assert a.peak == b.peak and a.breakdown == b.breakdown
 
 
+def _device_ops_tracked(monkeypatch) -> list:
+    """The prim.device ops that reach MemTracker's own bookkeeping, recorded from now on."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    seen = []
+    original = MemTracker.__torch_dispatch__
+
+    def counting(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.prim.device.default:
+            seen.append(func)
+        return original(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(MemTracker, "__torch_dispatch__", counting)
+    return seen
+
+
+def test_ops_that_allocate_nothing_skip_the_bookkeeping_and_change_no_figure(monkeypatch):
+    """MemoryLog passes prim.device (no tensor out, nothing allocated; most of a step's ops under
+    fake tensors) straight on when module_peaks=False: every figure is the same as with
+    MemTracker's bookkeeping after each of them -- the peak, its place, the breakdown, what the
+    forward keeps, every row of the hook table -- on a step with autocast, checkpointing and the
+    loss, where the stage (forward, backward, after) must still move on at the right op."""
+    from course_utils import explorer as ex
+    from course_utils.memory import hook_table
+
+    cfg = ex.Config(volume=(8, 16, 16), levels=3, base_channels=4, precision="autocast_fp16", lean_up=True,
+                    inplace_relu=True, checkpointing="selective")
+    dtype, ac = ex.PRECISIONS[cfg.precision]
+
+    def step():
+        p = predict_step(lambda: ex.build(cfg), (2, 1, *cfg.volume), n_classes=5, dtype=dtype,
+                         autocast_dtype=ac, module_peaks=False)
+        return (p.peak, p.breakdown, p.after_forward, p.saved_peak, p.log.peak_location, p.log.peak_event,
+                [(r.module, r.hook, r.tracked, r.saved) for r in p.log.rows])
+
+    seen = _device_ops_tracked(monkeypatch)
+    fast = step()
+    assert not seen  # none reached MemTracker's bookkeeping (the old MemoryLog: hundreds)
+    monkeypatch.setattr(hook_table, "_NO_MEMORY_OPS", frozenset())
+    assert step() == fast
+    assert seen  # the step does ask devices: the comparison covered them
+
+
+def test_module_peaks_keep_memtrackers_bookkeeping_for_every_op(monkeypatch):
+    seen = _device_ops_tracked(monkeypatch)
+    predict_step(lambda: seed000_unet("small"), (1, 1, 8, 16, 16), n_classes=5, optimizer=None)
+    assert seen
+
+
 def test_full_size_seed000_predicted_in_seconds():
     preds = {v: predict_step(lambda v=v: seed000_unet(v), (2, 1, 26, 150, 320), n_classes=5,
                              dtype=torch.float16) for v in ("large", "small")}

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed.tensor import DTensor
 
 from .meters import SavedTensorMeter
 from .units import mib
@@ -38,6 +39,14 @@ class Row:
 #: step (and anything else after the backward pass)
 LOSS = "(loss)"
 OPTIMIZER = "(optimizer)"
+
+#: ops that return no tensor and allocate nothing: MemTracker's bookkeeping after each op (track
+#: its outputs, update the peaks) cannot change a figure after them. Under fake tensors
+#: ``prim.device`` is most of a step's ops -- autograd asks the device of every gradient, a foreach
+#: optimizer the device of every parameter: 11,384 of the 19,160 ops of DenseNet-169's step --
+#: and ``MemoryLog`` (with ``module_peaks=False``) passes them straight on: a prediction costs
+#: ~10 % less CPU, with the same figures (tests/test_memory.py)
+_NO_MEMORY_OPS = frozenset({torch.ops.prim.device.default})
 
 #: the CUDA caching allocator hands out blocks in multiples of 512 bytes
 CUDA_BLOCK_ROUNDING = 512
@@ -109,12 +118,23 @@ class MemoryLog(MemTracker):
         with _cuda_block_rounding(self.round_like_cuda):
             super().track_external(*external)
 
-    def _update_peak_stats(self, peak_state) -> None:
-        # called after every op: the stage moves on when autograd's backward starts and ends
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # the per-module peaks (module_peaks=True) are MemTracker's own, left as they are; DTensor
+        # ops go to MemTracker, which hands them back to DTensor first
+        if func in _NO_MEMORY_OPS and not self.module_peaks and DTensor not in types:
+            self._advance_stage()
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def _advance_stage(self) -> None:
+        # after every op: the stage moves on when autograd's backward starts and ends
         if self._mod_tracker.is_bw:
             self._stage = "backward"
         elif self._stage == "backward":
             self._stage = "after backward"
+
+    def _update_peak_stats(self, peak_state) -> None:
+        self._advance_stage()
         before = sum(self._peak_mem.values())
         if self.module_peaks:
             super()._update_peak_stats(peak_state)
