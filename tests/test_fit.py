@@ -138,7 +138,7 @@ def test_inplace_does_not_apply_to_vit():
     assert "does not divide" in fit._applies("ddp-4", info, 2)
 
 
-@pytest.mark.sweep
+@pytest.mark.sweep  # CI: notebook 11 fits ResNet-18 with inplace (cell 5), test_technique_directions the rest
 def test_inplace_on_resnet():
     rep = fit.fit(resnet18_2d, (12, 3, 64, 64), card_gib=8, techniques=["inplace", "ddp-8"])
     assert rep.parameters == resnet18_params()
@@ -151,7 +151,7 @@ def test_inplace_on_resnet():
     assert rep.by_module["share %"].sum() == pytest.approx(100, abs=0.5)
 
 
-@pytest.mark.sweep
+@pytest.mark.sweep  # CI: notebook 11 fits the ViT with checkpoint-blocks and selective (cell 14)
 def test_vit_selective_and_autocast():
     rep = fit.fit(vit_tiny, (32, 3, 64, 64), card_gib=8, techniques=["autocast-bf16", "checkpoint-blocks",
                                                                         "selective", "fsdp-2"])
