@@ -1,17 +1,19 @@
 """README's figures, computed: the course's headline answers to the seeds, and the benchmark.
 
-    python -m course_utils.readme              # recompute results/figures.json, rewrite README's tables
-    python -m course_utils.readme --render     # only rewrite README from the committed JSON files
+    python -m course_utils.readme              # recompute results/figures.json, rewrite the generated blocks
+    python -m course_utils.readme --render     # only rewrite the blocks from the committed JSON files
     python -m course_utils.readme --only seed004_full   # recompute one row, keep the others
     python -m course_utils.readme --timings    # also time every notebook (docs/teaching.md's table)
     python -m course_utils.readme --render --timings 11   # time notebook 11 and its solution only
 
-README.md holds generated blocks between ``<!-- BEGIN name -->`` and ``<!-- END name -->``:
-``figures`` (from ``results/figures.json``, computed by ``headlines()``), ``benchmark`` (from
-``benchmarks/results/*.json``, written by ``benchmarks/run.py`` and the GPU kit) and ``gpu-plan``
-(the GPU kit's order and estimates, ``gpu_kit.plan``; docs/teaching.md has it too). A test checks
-that README equals what the committed JSON renders to, and recomputes the fast rows, so the
-README cannot drift from the code again.
+Generated blocks lie between ``<!-- BEGIN name -->`` and ``<!-- END name -->`` (``GENERATED``
+says which file holds which): README.md's ``figures`` (from ``results/figures.json``, computed by
+``headlines()``; a list, wrapped, so that no README line is long), docs/benchmark.md's
+``benchmark`` (from ``benchmarks/results/*.md``, written by ``benchmarks/run.py`` and the GPU kit),
+docs/gpu-kit.md's and docs/teaching.md's ``gpu-plan`` (the GPU kit's order and estimates,
+``gpu_kit.plan``) and docs/teaching.md's ``timings``. A test checks that each file equals what the
+committed JSON renders to, and recomputes the fast rows, so the documents cannot drift from the
+code again.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ FIGURES = ROOT / "results" / "figures.json"
 TIMINGS = ROOT / "results" / "timings.json"
 README = ROOT / "README.md"
 TEACHING = ROOT / "docs" / "teaching.md"
+BENCHMARK_DOC = ROOT / "docs" / "benchmark.md"
+GPU_KIT_DOC = ROOT / "docs" / "gpu-kit.md"
+#: README's lines are at most this long (its figures are wrapped to it: tests/test_readme.py)
+README_WIDTH = 100
 #: a workshop slot per notebook: reading, discussing and the exercise (the teacher's plan)
 SLOTS_MIN = {"00": 30, "01": 45, "02": 60, "03": 45, "04": 60, "05": 30, "06": 45, "07": 60,
              "08": 45, "09": 60, "10": 60}
@@ -302,11 +308,31 @@ def fast_keys() -> set[str]:
 # --------------------------------------------------------------------------------------------
 # Rendering
 # --------------------------------------------------------------------------------------------
+#: words a wrapped line must not start with: markdown would read a list item, a heading, a quote or a table
+_NOT_FIRST = re.compile(r"[-+*=]|\d+[.)]|[#>|].*")
+
+
+def wrap(text: str, width: int = README_WIDTH, indent: str = "  ") -> list[str]:
+    """``text`` as lines of at most ``width`` characters (a single longer word stays whole), the
+    continuation lines indented by ``indent``; a word markdown would read as the start of a list
+    item, heading, quote or table row never begins a line (it stays on the line before)."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and (len(lines[-1]) + 1 + len(word) <= width or _NOT_FIRST.fullmatch(word)):
+            lines[-1] += " " + word
+        else:
+            lines.append((indent if lines else "") + word)
+    return lines
+
+
 def render_figures(data: dict[str, Any]) -> str:
+    """README's "What the course found": one list item per headline (its question, the seed's
+    figure, the course's and its method), wrapped so that every line is short."""
     lines = [f"Computed by `python -m course_utils.readme` ({data['meta']['date']}, torch "
-             f"{data['meta']['torch']}); every figure names its method.", "",
-             "| question | seed's figure | course's figure | method |", "|---|---|---|---|"]
-    lines += [f"| {r['question']} | {r['seed']} | {r['course']} | {r['method']} |" for r in data["rows"]]
+             f"{data['meta']['torch']}); every figure names its method.", ""]
+    for r in data["rows"]:
+        seed = f" Seed's figure: {r['seed']}." if r["seed"].strip() not in ("", "-") else ""
+        lines += wrap(f"- **{r['question']}.**{seed} Course's figure: {r['course']}. Method: {r['method']}.")
     return "\n".join(lines)
 
 
@@ -322,24 +348,46 @@ def render_benchmarks(folder: Path = BENCHMARKS) -> str:
     return "\n\n".join(parts)
 
 
-def replace_block(text: str, name: str, body: str) -> str:
+def replace_block(text: str, name: str, body: str, where: str = "README") -> str:
     pattern = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)", re.S)
     if not pattern.search(text):
-        raise ValueError(f"README has no '<!-- BEGIN {name} -->' ... '<!-- END {name} -->' block")
+        raise ValueError(f"{where} has no '<!-- BEGIN {name} -->' ... '<!-- END {name} -->' block")
     return pattern.sub(lambda m: m.group(1) + body.rstrip("\n") + "\n" + m.group(2), text)
 
 
-def render_readme(text: str, figures: dict[str, Any], folder: Path = BENCHMARKS) -> str:
-    text = replace_block(text, "figures", render_figures(figures))
-    text = replace_block(text, "gpu-plan", plan_table())
-    return replace_block(text, "benchmark", render_benchmarks(folder))
+def render_readme(text: str, figures: dict[str, Any]) -> str:
+    """README's generated block: the course's headline figures."""
+    return replace_block(text, "figures", render_figures(figures))
+
+
+def render_benchmark_doc(text: str, folder: Path = BENCHMARKS) -> str:
+    """docs/benchmark.md's generated block: every recorded benchmark table, GPU runs first."""
+    return replace_block(text, "benchmark", render_benchmarks(folder), "docs/benchmark.md")
+
+
+def render_gpu_kit_doc(text: str) -> str:
+    """docs/gpu-kit.md's generated block: the GPU kit's order and estimates."""
+    return replace_block(text, "gpu-plan", plan_table(), "docs/gpu-kit.md")
 
 
 def render_teaching(text: str, timings: dict[str, Any] | None) -> str:
     """docs/teaching.md's generated blocks: the notebooks' timings and the GPU kit's plan."""
     if timings is not None:
-        text = replace_block(text, "timings", render_timings(timings))
-    return replace_block(text, "gpu-plan", plan_table())
+        text = replace_block(text, "timings", render_timings(timings), "docs/teaching.md")
+    return replace_block(text, "gpu-plan", plan_table(), "docs/teaching.md")
+
+
+def rendered(figures: dict[str, Any], timings: dict[str, Any] | None) -> dict[Path, str]:
+    """Every file with generated blocks (``GENERATED``), its text with the blocks rendered from
+    ``figures``, ``timings`` and the committed benchmark files and plan."""
+    render = {README: lambda t: render_readme(t, figures), BENCHMARK_DOC: render_benchmark_doc,
+              GPU_KIT_DOC: render_gpu_kit_doc, TEACHING: lambda t: render_teaching(t, timings)}
+    return {path: render[path](path.read_text()) for path in GENERATED}
+
+
+#: which file holds which generated blocks (``python -m course_utils.readme --render`` rewrites them)
+GENERATED = {README: ("figures",), BENCHMARK_DOC: ("benchmark",), GPU_KIT_DOC: ("gpu-plan",),
+             TEACHING: ("timings", "gpu-plan")}
 
 
 def notebook_timings(only: list[str] | None = None) -> dict[str, Any]:
@@ -404,14 +452,14 @@ def write_timings(only: list[str] | None = None) -> None:
     if only is not None and TIMINGS.exists():
         data = merge_timings(json.loads(TIMINGS.read_text()), data)
     TIMINGS.write_text(json.dumps(data, indent=1) + "\n")
-    TEACHING.write_text(replace_block(TEACHING.read_text(), "timings", render_timings(data)))
+    TEACHING.write_text(replace_block(TEACHING.read_text(), "timings", render_timings(data), "docs/teaching.md"))
     print(f"wrote {TIMINGS} and the timings table of {TEACHING}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m course_utils.readme", description=__doc__.splitlines()[0])
     ap.add_argument("--render", action="store_true",
-                    help="do not recompute the figures: re-render README from the committed JSON")
+                    help="do not recompute the figures: re-render the generated blocks from the committed JSON")
     ap.add_argument("--timings", nargs="*", metavar="NN",
                     help="also time every notebook and solution (minutes), or only those numbered NN, "
                          "merged into results/timings.json")
@@ -433,10 +481,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {FIGURES}")
     if args.timings is not None:
         write_timings(args.timings or None)
-    README.write_text(render_readme(README.read_text(), json.loads(FIGURES.read_text())))
-    TEACHING.write_text(render_teaching(TEACHING.read_text(),
-                                        json.loads(TIMINGS.read_text()) if TIMINGS.exists() else None))
-    print(f"rewrote the generated blocks of {README} and {TEACHING}")
+    texts = rendered(json.loads(FIGURES.read_text()), json.loads(TIMINGS.read_text()) if TIMINGS.exists() else None)
+    for path, text in texts.items():
+        path.write_text(text)
+    print("rewrote the generated blocks of " + ", ".join(str(p.relative_to(ROOT)) for p in texts))
     return 0
 
 

@@ -9,7 +9,8 @@
    builds a few pages while working on the site.
 2. Assemble a Sphinx source tree in ``build/site-src/`` from COPIES (nothing in git is changed):
    README as the front page, the executed notebooks, the exercises (not executed; solutions are
-   never copied), ``docs/teaching.md`` and every page in ``site/pages/``. Each notebook copy gets
+   never copied), the pages of ``docs/`` in ``DOC_PAGES`` (the teaching notes and the pages the
+   README's detail lives in) and every page in ``site/pages/``. Each notebook copy gets
    a banner (preset, device, build date, torch; what its GPU figures show; the notebooks before
    it; its measured CPU time and, once recorded, GPU time; a download link) and a footer (exercise,
    next page, open in JupyterLab); widget outputs are replaced by a static rendering of their
@@ -52,6 +53,9 @@ CODE_SPANS = "code-spans.json"  # in the site: each page's code as its source ha
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 JUPYTERLAB_PAGE = "open_in_jupyterlab.md"
+#: the pages of docs/ on the site, in the navigation's order: the teaching notes, then the pages the
+#: README points to for its detail (docs/hosted-gpu.md is site/pages/run_on_a_hosted_gpu.md here)
+DOC_PAGES = ("docs/teaching.md", "docs/benchmark.md", "docs/gpu-kit.md", "docs/testing.md", "docs/website.md")
 
 
 def _need(module: str, extra: str = "site") -> None:
@@ -582,7 +586,7 @@ def index_page(readme: str, stems: list[str], exercises: list[str], pages: set[s
     toc += ["```", "", "```{toctree}", ":hidden:", ":caption: Exercises", ""]
     toc += [f"exercises/{s}" for s in exercises]
     toc += ["```", "", "```{toctree}", ":hidden:", ":caption: Using the course", ""]
-    toc += ["docs/teaching", *[n[:-3] for n in extra], "```", ""]
+    toc += [*[d[:-3] for d in DOC_PAGES], *[n[:-3] for n in extra], "```", ""]
     return text + "\n".join(toc)
 
 
@@ -621,7 +625,7 @@ def assemble(preset: str, fresh: bool, timeout: int, jobs: int = 2, only: set[st
     ex_stems = [p.stem for p in ex_paths]
     extra_pages = sorted(p.name for p in (SITE / "pages").glob("*.md"))
     pages = ({f"notebooks/{s}.ipynb" for s in stems} | {f"exercises/{s}.ipynb" for s in ex_stems}
-             | {"docs/teaching.md", *extra_pages})
+             | {*DOC_PAGES, *extra_pages})
     for folder in (SRC, DOWNLOADS):
         if folder.exists():
             shutil.rmtree(folder)
@@ -658,9 +662,10 @@ def assemble(preset: str, fresh: bool, timeout: int, jobs: int = 2, only: set[st
         nb = nbformat.read(p, as_version=4)
         strip_outputs(nb)
         nbformat.write(nb, DOWNLOADS / "notebooks" / p.name)
-    teaching = (ROOT / "docs" / "teaching.md").read_text()
-    spans["docs/teaching.html"] = code_spans(teaching)
-    (SRC / "docs" / "teaching.md").write_text(fix_links(teaching, Path("docs"), pages))
+    for doc in DOC_PAGES:
+        text = (ROOT / doc).read_text()
+        spans[f"{doc[:-3]}.html"] = code_spans(text)
+        (SRC / doc).write_text(fix_links(text, Path("docs"), pages))
     for page in (SITE / "pages").glob("*.md"):
         (SRC / page.name).write_text(fix_links(page.read_text(), Path("."), pages))
         spans[f"{page.stem}.html"] = code_spans(page.read_text())
@@ -668,7 +673,7 @@ def assemble(preset: str, fresh: bool, timeout: int, jobs: int = 2, only: set[st
     spans["index.html"] = code_spans(readme)
     (DOWNLOADS / CODE_SPANS).write_text(json.dumps(spans, indent=0))
     (SRC / "index.md").write_text(index_page(readme, stems, ex_stems, pages, info, extra_pages))
-    info["pages"] = len(stems) + len(ex_stems) + 2 + len(extra_pages)
+    info["pages"] = len(stems) + len(ex_stems) + 1 + len(DOC_PAGES) + len(extra_pages)
     info["recorded"] = recorded_use
     (SRC / "site-info.json").write_text(json.dumps(info))
     return report, info

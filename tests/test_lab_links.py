@@ -146,6 +146,22 @@ def test_every_notebook_link_resolves_under_make_labs_root():
     assert dead_links(root, docs) == []
 
 
+def markdown_documents() -> list[tuple[Path, str]]:
+    """README.md and the pages of docs/ (JupyterLab opens them from its file browser): the
+    README's pointers to the pages its detail moved to, and the pages' links back."""
+    paths = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [(p, p.read_text(encoding="utf-8")) for p in paths]
+
+
+def test_every_readme_and_docs_link_resolves_under_make_labs_root():
+    """A link of README.md or docs/*.md, with its anchor, opens in JupyterLab rooted at the
+    repository (and on GitHub: an anchor is checked against both spellings of a heading)."""
+    docs = markdown_documents()
+    targets = [t for _, text in docs for t in links(text)]
+    assert "docs/testing.md#pytorch-versions" in targets and "../README.md#what-the-course-found" in targets, targets
+    assert dead_links(lab_root(), docs) == []
+
+
 def test_old_makefile_rooted_at_notebooks_fails(tmp_path):
     """The Makefile before issue 26 rooted JupyterLab at notebooks/: the check must reject it."""
     makefile = tmp_path / "Makefile"

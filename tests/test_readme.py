@@ -1,5 +1,6 @@
-"""README's generated tables match the committed results, and the fast headline figures still
-compute to what is committed: the README cannot drift from the code."""
+"""The generated blocks of README and docs/ match the committed results, and the fast headline
+figures still compute to what is committed: the documents cannot drift from the code. README
+stays short enough to read: no line over 300 characters, the detail in docs/ pages it links."""
 
 import json
 
@@ -7,11 +8,63 @@ from course_utils import readme
 
 
 def test_readme_blocks_are_rendered_from_the_committed_results():
+    """README's figures, docs/benchmark.md's benchmark, docs/gpu-kit.md's and docs/teaching.md's
+    plan: each file holds its blocks (a block moved without its entry in GENERATED fails here),
+    rendered from the committed JSON."""
+    figures = json.loads(readme.FIGURES.read_text())
+    timings = json.loads(readme.TIMINGS.read_text())
+    assert set(readme.GENERATED) == {readme.README, readme.BENCHMARK_DOC, readme.GPU_KIT_DOC, readme.TEACHING}
+    for path, text in readme.rendered(figures, timings).items():
+        name = path.relative_to(readme.ROOT)
+        assert text == path.read_text(), (
+            f"{name}'s generated blocks are stale: run `python -m course_utils.readme --render` "
+            "(or without --render, to recompute the figures too)")
+        for block in readme.GENERATED[path]:
+            assert text.count(f"<!-- BEGIN {block} -->") == 1 and text.count(f"<!-- END {block} -->") == 1, (name, block)
+    assert "<!-- BEGIN benchmark -->" in readme.BENCHMARK_DOC.read_text()
+    assert "| baseline fp32 |" in readme.BENCHMARK_DOC.read_text()  # the tables, not an empty block
+
+
+def test_readme_has_no_line_over_300_characters():
+    """A newcomer reads README first: its long tables and measurements live in docs/ pages."""
+    long = [(n, len(line)) for n, line in enumerate(readme.README.read_text().splitlines(), 1) if len(line) > 300]
+    assert long == [], f"README.md lines over 300 characters (line, length): {long}; wrap the prose, move detail to docs/"
+
+
+def test_readme_points_to_every_page_its_detail_moved_to():
+    """Each section moved out of README (the benchmark, the GPU kit, tests with CI and the PyTorch
+    versions, the website) keeps a link from README to where it now is (tests/test_lab_links.py:
+    the links and their anchors resolve)."""
+    import re
+
     text = readme.README.read_text()
+    targets = set(re.findall(r"\]\(([^)\s]+)\)", text))
+    for page in ("docs/benchmark.md", "docs/gpu-kit.md", "docs/testing.md", "docs/website.md"):
+        assert page in targets, f"README.md has no link to {page}"
+    assert "docs/testing.md#pytorch-versions" in targets
+    for moved in ("<!-- BEGIN benchmark -->", "<!-- BEGIN gpu-plan -->", "## PyTorch versions", "| `make test-sweep` |"):
+        assert moved not in text, f"README.md holds {moved!r} again: it lives in docs/"
+
+
+def test_readme_figures_wrap_without_starting_a_list_or_heading():
+    """README's figures are wrapped to README_WIDTH; a word markdown would read as a list item,
+    heading, quote or table row ('+ the CUDA context', '8.') never starts a continuation line."""
+    words = "allocated 4,963 MiB (+ the CUDA context) at batch 8. - # > | = x"
+    for width in range(10, 40):
+        lines = readme.wrap("- **q.** " + words * 3, width=width)
+        assert lines[0].startswith("- **q.**")
+        for line in lines[1:]:
+            first = line.split()[0]
+            assert line.startswith("  ") and not readme._NOT_FIRST.fullmatch(first), (width, line)
+        for line in lines:  # longer only by a word that could not start the next line, or one long word
+            assert len(line) <= width or readme._NOT_FIRST.fullmatch(line.split()[-1]) or len(line.split()) == 1, \
+                (width, line)
     data = json.loads(readme.FIGURES.read_text())
-    assert readme.render_readme(text, data) == text, (
-        "README's generated blocks are stale: run `python -m course_utils.readme --render` "
-        "(or without --render, to recompute the figures too)")
+    block = readme.render_figures(data)
+    assert all(len(line) <= readme.README_WIDTH + 10 for line in block.splitlines()[2:]), block
+    for row in data["rows"]:  # every figure is there, whole
+        assert " ".join(row["course"].split()) in " ".join(block.split())
+        assert " ".join(row["method"].split()) in " ".join(block.split())
 
 
 def test_every_headline_is_committed():
@@ -51,13 +104,13 @@ def test_teaching_timings_are_rendered_from_the_committed_measurement():
         "(a row per notebook: tests/test_course_layout.py)")
 
 
-def test_the_gpu_kits_plan_is_rendered_in_readme_and_teaching_notes():
-    """README's and docs/teaching.md's GPU sections show the kit's order and estimates as the
-    kit's own plan computes them (a task added, reordered or re-estimated shows in both)."""
+def test_the_gpu_kits_plan_is_rendered_in_the_gpu_kit_page_and_teaching_notes():
+    """docs/gpu-kit.md's and docs/teaching.md's GPU sections show the kit's order and estimates as
+    the kit's own plan computes them (a task added, reordered or re-estimated shows in both)."""
     from course_utils.gpu_kit import plan
 
     table = plan.plan_table()
-    for path in (readme.README, readme.TEACHING):
+    for path in (readme.GPU_KIT_DOC, readme.TEACHING):
         text = path.read_text()
         assert readme.replace_block(text, "gpu-plan", table) == text, (
             f"{path.name}'s gpu-plan block is stale: run `python -m course_utils.readme --render`")
@@ -65,8 +118,9 @@ def test_the_gpu_kits_plan_is_rendered_in_readme_and_teaching_notes():
 
 
 def test_the_declared_torch_range_is_the_tested_one():
-    """pyproject's torch range runs from the oldest to the newest version README's "PyTorch
-    versions" table says passed, and constraints.txt's pin (what make install uses) is inside."""
+    """pyproject's torch range runs from the oldest to the newest version docs/testing.md's
+    "PyTorch versions" table says passed, and constraints.txt's pin (what make install uses) is
+    inside."""
     import re
     import tomllib
 
@@ -76,10 +130,10 @@ def test_the_declared_torch_range_is_the_tested_one():
     root = readme.README.parent
     deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
     spec = SpecifierSet(next(d for d in deps if d.startswith("torch"))[len("torch"):])
-    section = readme.README.read_text().split("## PyTorch versions", 1)[1].split("\n## ", 1)[0]
+    section = (root / "docs" / "testing.md").read_text().split("## PyTorch versions", 1)[1].split("\n## ", 1)[0]
     passed = [Version(v) for v, result in re.findall(r"^\| (\d+\.\d+\.\d+)\b[^|]*\|[^|]*\|[^|]*\| (\w+)", section, re.M)
               if result == "passed"]
-    assert len(passed) >= 3, "README's PyTorch versions table lists no passed runs"
+    assert len(passed) >= 3, "docs/testing.md's PyTorch versions table lists no passed runs"
     lo, hi = min(passed), max(passed)
     assert str(spec) == f"<{hi.major}.{hi.minor + 1},>={lo.major}.{lo.minor}" or \
         str(spec) == f">={lo.major}.{lo.minor},<{hi.major}.{hi.minor + 1}", (spec, lo, hi)

@@ -299,3 +299,20 @@ def test_math_is_typeset_by_mathjax_served_from_the_site(tmp_path):
     assert scripts == ["_static/mathjax/tex-chtml.js"], scripts
     assert (out / "_static" / "mathjax" / "tex-chtml.js").exists()
     assert "cdn" not in page.lower()
+
+
+def test_every_docs_page_the_readme_points_to_is_a_page_of_the_site():
+    """README (the front page) keeps its detail in docs/ pages: each one it links is built and in
+    the navigation (docs/hosted-gpu.md is site/pages/run_on_a_hosted_gpu.md on the site)."""
+    import re
+
+    readme = (build.ROOT / "README.md").read_text()
+    linked = set(re.findall(r"\]\((docs/[^)\s#]+\.md)", readme))
+    assert {"docs/benchmark.md", "docs/gpu-kit.md", "docs/testing.md", "docs/website.md"} <= linked
+    assert linked - {"docs/hosted-gpu.md"} <= set(build.DOC_PAGES), linked - set(build.DOC_PAGES)
+    assert all((build.ROOT / d).is_file() for d in build.DOC_PAGES)
+    toc = build.index_page("# Course\n", ["00_a"], ["00_a"], PAGES, INFO)
+    for doc in build.DOC_PAGES:
+        assert f"\n{doc[:-3]}\n" in toc
+    assert build.fix_links("[t](testing.md#pytorch-versions)", Path("docs"), set(build.DOC_PAGES)) == \
+        "[t](testing.md#pytorch-versions)"
