@@ -1,8 +1,10 @@
 """Add a notebook to the course in one step, and check that the course's parts agree.
 
-    python -m course_utils.scaffold 11 "Activation offloading"   # a new notebook 11 with its exercise
-    python -m course_utils.scaffold 11                           # an existing 11: only what is missing
-    python -m course_utils.scaffold --check                      # list every disagreement, with its fix
+    .venv/bin/python -m course_utils.scaffold 12 "Activation offloading"  # a new notebook 12 (the next number)
+    .venv/bin/python -m course_utils.scaffold 12                          # an existing 12: only what is missing
+    .venv/bin/python -m course_utils.scaffold --check                     # every disagreement, with its fix
+
+(``make install`` creates ``.venv``, with torch; ``make new-notebook NN=12 TITLE="..."`` runs the first.)
 
 A notebook ``NN`` of the course is made of (``course_utils/templates/`` holds the templates):
 
@@ -17,12 +19,15 @@ A notebook ``NN`` of the course is made of (``course_utils/templates/`` holds th
 
 The scaffold creates the files that are missing from the templates, adds the rows and the link,
 and times the new notebook; ``problems()`` (run by tests/test_course_layout.py) names every part
-that is missing or disagrees, with the file to edit and the fix.
+that is missing or disagrees, with the file to edit and the fix. The templates' example text carries
+the marker ``TODO(scaffold)``: a fresh scaffold passes the tests (``make test-scaffold``), but
+``--check`` (``release_problems()``) refuses every marker left in a notebook's files.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import re
 import string
@@ -34,6 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 NAME = re.compile(r"(\d\d)_[a-z0-9]+(?:_[a-z0-9]+)*\.ipynb")
 README_SECTION, TEACHING_SECTION = "## The notebooks", "## Exercises"
+#: in the templates' example text: what a new notebook's author replaces (``--check`` refuses it)
+PLACEHOLDER = "TODO(scaffold)"
 
 
 @dataclass(frozen=True)
@@ -256,9 +263,98 @@ def check_links(root: Path = ROOT) -> list[str]:
     return out
 
 
+def part_points(root: Path, e: Entry) -> dict[str, object]:
+    """Each part's points, read from the source of the exercise's module (``X = EX.part("key",
+    "name", points, ...)``, without importing it: the checks must not import another checkout's
+    module). A points argument that is not a literal number is returned as its source text."""
+    out: dict[str, object] = {}
+    for node in ast.walk(ast.parse((root / e.grading).read_text(encoding="utf-8"))):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "part"
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "EX"
+                and node.args and isinstance(node.args[0], ast.Constant)):
+            continue
+        arg = node.args[2] if len(node.args) > 2 else next((k.value for k in node.keywords if k.arg == "points"), None)
+        try:
+            out[node.args[0].value] = ast.literal_eval(arg) if arg is not None else None
+        except ValueError:
+            out[node.args[0].value] = ast.unparse(arg)
+    return out
+
+
+def check_cells(path: Path) -> list[tuple[int, str, object]]:
+    """A solution's check cells (nbgrader ``grade`` cells that are not solutions): (cell index,
+    grade_id, points)."""
+    out = []
+    for k, cell in enumerate(_cells(path)):
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell["cell_type"] == "code" and meta.get("grade") and not meta.get("solution"):
+            out.append((k, meta.get("grade_id", "?"), meta.get("points")))
+    return out
+
+
+def check_points(root: Path = ROOT) -> list[str]:
+    """The points of each solution's check cells add up to its exercise's ``max_score`` (the sum of
+    its parts' points). tests/test_check_cells.py checks each cell against the parts it runs."""
+    out = []
+    for e in entries(root):
+        if not ((root / e.solution).exists() and (root / e.grading).exists()):
+            continue  # check_files names it
+        points = part_points(root, e)
+        odd = {k: v for k, v in points.items() if not isinstance(v, int)}
+        if odd:
+            out.append(f"{e.grading}: the points of part(s) {', '.join(map(repr, odd))} are not a number "
+                       f"({', '.join(map(str, odd.values()))}): write each part's points as a number, "
+                       '`EX.part("key", "name", 2, [...])`')
+            continue
+        cells = check_cells(root / e.solution)
+        if not cells:
+            out.append(f"{e.solution}: no check cell (an nbgrader test cell with points that calls check_*): "
+                       "add one per group of parts, as course_utils/templates/solution.ipynb does")
+            continue
+        total, max_score = sum(p if isinstance(p, int) else 0 for _, _, p in cells), sum(points.values())
+        if total != max_score:
+            listed = ", ".join(f"cell {k} '{gid}': {p}" for k, gid, p in cells)
+            parts = ", ".join(f"{k} {v}" for k, v in points.items())
+            out.append(f"{e.solution}: the points of its check cells ({listed}) add up to {total}, but exercise "
+                       f"{e.nn}'s max_score is {max_score} (its parts' points in {e.grading}: {parts}): set each "
+                       "check cell's nbgrader points (metadata.nbgrader.points) to the points of the parts its "
+                       f"check_* call runs, so that they add up to {max_score}; then "
+                       "`.venv/bin/python -m course_utils.grading.generate` (tests/test_check_cells.py checks "
+                       "each cell)")
+    return out
+
+
+def check_placeholders(root: Path = ROOT) -> list[str]:
+    """No notebook keeps the templates' example text: each ``TODO(scaffold)`` marker, with the file
+    and what to replace (the rest of the marker's line says it)."""
+    out = []
+    for e in entries(root):
+        for rel in (e.notebook, e.solution, e.grading, e.wrong):  # exercises/ follows the solution
+            path = root / rel
+            if not path.exists():
+                continue
+            texts = ([(f", cell {k}", _source(c)) for k, c in enumerate(_cells(path))] if path.suffix == ".ipynb"
+                     else [("", path.read_text(encoding="utf-8"))])
+            for where, text in texts:
+                for line in text.splitlines():
+                    if PLACEHOLDER in line:
+                        what = line.split(PLACEHOLDER, 1)[1].strip(" :*_-").rstrip("*_ ")
+                        out.append(f"{rel}{where}: the scaffold's placeholder is still there ({PLACEHOLDER}: "
+                                   f"{what}): replace it with this notebook's own text and delete the marker "
+                                   "(CONTRIBUTING.md, 'Adding a notebook')")
+    return out
+
+
 def problems(root: Path = ROOT) -> list[str]:
     """Every disagreement between the course's parts, each with the file to edit and the fix."""
-    return check_files(root) + check_tables(root) + check_timings(root) + check_links(root)
+    return check_files(root) + check_tables(root) + check_timings(root) + check_links(root) + check_points(root)
+
+
+def release_problems(root: Path = ROOT) -> list[str]:
+    """``problems()`` and every placeholder of the templates left in a notebook's files: what
+    ``python -m course_utils.scaffold --check`` lists. A fresh scaffold passes the tests (``make
+    test-scaffold``) but not this: its example text is there to be replaced."""
+    return problems(root) + check_placeholders(root)
 
 
 # --------------------------------------------------------------------------------------------
@@ -328,22 +424,29 @@ def scaffold(nn: str, title_text: str | None = None, root: Path = ROOT, timings:
     returns what was done, one line each."""
     from .grading.generate import exercise_text
 
+
     if not re.fullmatch(r"\d\d", nn):
         raise ValueError(f"the number must have two digits, e.g. 11, not {nn!r}")
     if not (root / "notebooks").is_dir():
         raise ValueError(f"{root} has no notebooks/: run the scaffold from a checkout of the course")
     course = entries(root)
     existing = [e for e in course if e.nn == nn]
+    nxt = next_number(root)
     if existing:
         entry = existing[0]
+        if title_text and title_text.strip() and slug(title_text) != entry.stem[3:]:
+            raise ValueError(f"notebook {nn} exists already ({entry.notebook}, '{title(root, entry)}'): a new "
+                             f"notebook takes the next free number, {nxt}: `{_python(root)} -m course_utils.scaffold "
+                             f"{nxt} \"{title_text.strip()}\"` (or make new-notebook NN={nxt} TITLE=...); "
+                             f"`{_python(root)} -m course_utils.scaffold {nn}`, without a title, writes only the "
+                             f"parts notebook {nn} lacks. Nothing was written")
         title_text = title(root, entry)
     else:
-        nxt = f"{int(course[-1].nn) + 1:02d}" if course else "00"
         if nn != nxt:
             raise ValueError(f"notebook {nn} does not exist, and a new notebook takes the next number, {nxt} "
                              "(to insert one between, renumber the later notebooks by hand)")
         if not title_text or not title_text.strip():
-            raise ValueError(f'a new notebook needs a title: python -m course_utils.scaffold {nn} "Its title"')
+            raise ValueError(f'a new notebook needs a title: {_python(root)} -m course_utils.scaffold {nn} "Its title"')
         if re.search(r"[|\n$`]", title_text):
             raise ValueError(f"the title {title_text!r} must not contain |, $, ` or a line break (it goes "
                              "into markdown tables and Python strings)")
@@ -387,6 +490,17 @@ def scaffold(nn: str, title_text: str | None = None, root: Path = ROOT, timings:
     return done
 
 
+def next_number(root: Path = ROOT) -> str:
+    """The number a new notebook takes: the one after the last."""
+    course = entries(root)
+    return f"{int(course[-1].nn) + 1:02d}" if course else "00"
+
+
+def _python(root: Path = ROOT) -> str:
+    """How the documented commands call Python: the checkout's venv (``make install``) if it has one."""
+    return ".venv/bin/python" if (root / ".venv" / "bin" / "python").exists() else "python"
+
+
 def _time(root: Path, nn: str) -> None:
     """``python -m course_utils.readme --render --timings NN``, in a process of its own (its
     notebooks must import this checkout's course_utils)."""
@@ -402,39 +516,48 @@ def _time(root: Path, nn: str) -> None:
 
 
 NEXT_STEPS = """
-Next (CONTRIBUTING.md, "Adding a notebook"):
+Next (CONTRIBUTING.md, "Adding a notebook"): replace the template's example, marked {marker}:
   1. write the lesson in {notebook} (keep its shape: question, predict-then-measure, takeaways);
-  2. write the exercise in {solution} and its parts in {grading}, then
-     python -m course_utils.grading.generate      # exercises/ from solutions/
+  2. write the exercise in {solution} and its parts in {grading}
+     (its check cells' points add up to the parts' points), then
+     {py} -m course_utils.grading.generate      # exercises/ from solutions/
   3. list the typical wrong answers in {wrong};
   4. describe it in README.md ('The notebooks') and docs/teaching.md ('Exercises');
-  5. python -m course_utils.readme --render --timings {nn}   # its run time
-     python -m pytest -q tests/test_course_layout.py tests/test_exercises.py -k {nn} {notebook}
+  5. {py} -m course_utils.readme --render --timings {nn}   # its run time
+  6. make check-notebook NN={nn}    # scaffold --check (refuses every {marker} left), then its tests
 """
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
     ap = argparse.ArgumentParser(prog="python -m course_utils.scaffold", description=__doc__.splitlines()[0])
     ap.add_argument("nn", nargs="?", help="the notebook's number, two digits (the next one for a new notebook)")
     ap.add_argument("title", nargs="?", help="a new notebook's title, e.g. \"Activation offloading\"")
-    ap.add_argument("--check", action="store_true", help="only list what is missing or disagrees")
+    ap.add_argument("--check", action="store_true",
+                    help=f"only list what is missing or disagrees, and the templates' {PLACEHOLDER} markers left")
     ap.add_argument("--no-timings", action="store_true", help="do not time the new notebook (about a minute)")
     args = ap.parse_args(argv)
     if args.check or args.nn is None:
-        found = problems()
+        found = release_problems(root)
         print("\n".join(found) or "the course's parts agree")
         return 1 if found else 0
     try:
-        done = scaffold(args.nn, args.title, timings=not args.no_timings)
+        done = scaffold(args.nn, args.title, root=root, timings=not args.no_timings)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    e = next(e for e in entries(root) if e.nn == args.nn)
     if not done:
-        print(f"notebook {args.nn} has all its parts already")
+        said = (f"notebook {e.nn} ({e.notebook}) has all its parts already: nothing was written. A new notebook "
+                f"takes the next free number, {next_number(root)}: `{_python(root)} -m course_utils.scaffold "
+                f"{next_number(root)} \"Its title\"`")
+        if args.title:  # asked to create, and nothing was created: not a success
+            print(f"error: {said}", file=sys.stderr)
+            return 1
+        print(said)
         return 0
     print("\n".join(done))
-    e = next(e for e in entries() if e.nn == args.nn)
-    print(NEXT_STEPS.format(nn=e.nn, notebook=e.notebook, solution=e.solution, grading=e.grading, wrong=e.wrong))
+    print(NEXT_STEPS.format(nn=e.nn, notebook=e.notebook, solution=e.solution, grading=e.grading, wrong=e.wrong,
+                            py=_python(root), marker=PLACEHOLDER))
     return 0
 
 

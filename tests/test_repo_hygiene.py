@@ -29,7 +29,7 @@ def test_check_stripped_flags_outputs_and_counts_and_names_the_fix(tmp_path, cap
 
 
 def test_every_committed_notebook_is_stripped_and_recorded_runs_are_exempt():
-    paths = check_stripped.tracked_notebooks()
+    paths = check_stripped.repository_notebooks()
     names = {p.relative_to(ROOT).as_posix() for p in paths}
     assert {"notebooks", "exercises", "solutions"} <= {n.split("/")[0] for n in names}
     assert not any(n.startswith("docs/gpu-runs/") for n in names)

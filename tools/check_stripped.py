@@ -1,4 +1,4 @@
-"""Fails when a committed notebook carries outputs (``make lint``, part of ``make test``).
+"""Fails when a notebook of the checkout (committed, or new and not ignored) carries outputs (``make lint``, part of ``make test``).
 
 Notebooks are committed stripped: outputs are machine-specific (timings, memory addresses, a CPU
 learner's "predicted" where a GPU says "measured"), make diffs unreadable and can leak a
@@ -6,7 +6,11 @@ solution's results into an exercise. Recorded results meant to be read without r
 under docs/gpu-runs/ and are exempt. Fix: ``make strip`` (or ``jupyter nbconvert
 --clear-output --inplace FILE``).
 
-    python tools/check_stripped.py [FILE ...]     # default: every tracked .ipynb
+    python tools/check_stripped.py [FILE ...]     # default: every .ipynb of the checkout
+    python tools/check_stripped.py --list         # those notebooks' paths, one a line (make strip)
+
+"Every .ipynb of the checkout" is what git tracks and the new files it does not ignore: a notebook
+not yet added to git is checked (and stripped) too.
 """
 
 from __future__ import annotations
@@ -20,16 +24,18 @@ ROOT = Path(__file__).resolve().parent.parent
 EXEMPT = ("docs/gpu-runs/",)
 
 
-def tracked_notebooks(root: Path = ROOT) -> list[Path]:
-    """Every .ipynb git tracks (every .ipynb under root outside hidden/build folders without git)."""
+def repository_notebooks(root: Path = ROOT) -> list[Path]:
+    """Every .ipynb of the checkout: tracked, and new ones git does not ignore (git ls-files
+    --cached --others --exclude-standard), that exist on disk; without git, every .ipynb under root
+    outside hidden/build folders."""
     try:
-        out = subprocess.run(["git", "ls-files", "*.ipynb"], cwd=root, capture_output=True, text=True,
-                             check=True).stdout
-        names = out.split()
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "*.ipynb"],
+                             cwd=root, capture_output=True, text=True, check=True).stdout
+        names = [n for n in out.split("\0") if n]
     except (OSError, subprocess.CalledProcessError):
-        names = [str(p.relative_to(root)) for p in root.rglob("*.ipynb")
+        names = [p.relative_to(root).as_posix() for p in root.rglob("*.ipynb")
                  if not any(part.startswith(".") or part == "build" for part in p.relative_to(root).parts)]
-    return [root / n for n in sorted(names) if not n.startswith(EXEMPT)]
+    return [root / n for n in sorted(set(names)) if not n.startswith(EXEMPT) and (root / n).is_file()]
 
 
 def problems(path: Path) -> list[str]:
@@ -46,9 +52,12 @@ def problems(path: Path) -> list[str]:
     return found
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    paths = [Path(a).resolve() for a in argv] or tracked_notebooks()
+    if argv == ["--list"]:
+        print("\n".join(p.relative_to(root).as_posix() for p in repository_notebooks(root)))
+        return 0
+    paths = [Path(a).resolve() for a in argv] or repository_notebooks(root)
     bad = {p: problems(p) for p in paths}
     bad = {p: b for p, b in bad.items() if b}
     for p, b in bad.items():
