@@ -82,8 +82,8 @@ test-hosted: dist ## make dist's wheel in fresh venvs that have a torch (not in 
 test-fast: install ## unit tests only, no notebooks
 	$(BIN)/python -m pytest -q $(XDIST) tests
 
-strip: install ## remove the outputs of every notebook, tracked or new (tools/check_stripped.py --list)
-	$(BIN)/jupyter nbconvert --clear-output --inplace $$($(BIN)/python tools/check_stripped.py --list)
+strip: install ## remove the outputs of every notebook that has some, tracked or new (tools/check_stripped.py)
+	@dirty="$$($(BIN)/python tools/check_stripped.py --dirty)"; if [ -n "$$dirty" ]; then set -x; $(BIN)/jupyter nbconvert --clear-output --inplace $$dirty; else echo "every notebook is stripped"; fi
 
 clean: ## remove .venv, the compat venvs and pytest's cache
 	rm -rf $(VENV) .venv-torch-* .pytest_cache

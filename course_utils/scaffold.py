@@ -338,7 +338,7 @@ def check_placeholders(root: Path = ROOT) -> list[str]:
             for where, text in texts:
                 for line in text.splitlines():
                     if PLACEHOLDER in line:
-                        what = line.split(PLACEHOLDER, 1)[1].strip(" :*_-").rstrip("*_ ")
+                        what = line.split(PLACEHOLDER, 1)[1].strip(" :*_-").rstrip("*_ .\"")
                         out.append(f"{rel}{where}: the scaffold's placeholder is still there ({PLACEHOLDER}: "
                                    f"{what}): replace it with this notebook's own text and delete the marker "
                                    "(CONTRIBUTING.md, 'Adding a notebook')")

@@ -296,9 +296,13 @@ def test_strip_and_the_lint_see_new_notebooks_that_git_does_not_track_yet(tmp_pa
     assert check_stripped.problems(tmp_path / "notebooks/12_new.ipynb") == ["cell 0: outputs and execution_count"]
     assert check_stripped.main(["--list"], root=tmp_path) == 0
     assert capsys.readouterr().out.split() == listed
-    # make strip clears what the lint checks: the same list
-    (strip,) = [c for c in _make_n("strip") if "nbconvert" in c]
-    assert strip.endswith("--clear-output --inplace $(B/python tools/check_stripped.py --list)"), strip
+    assert check_stripped.main(["--dirty"], root=tmp_path) == 0
+    assert capsys.readouterr().out.split() == ["notebooks/12_new.ipynb"]
+    # make strip clears what the lint flags, and rewrites nothing else (nbconvert reformats what it writes)
+    out = subprocess.run(["make", "--no-print-directory", "-n", "-B", "strip", "STAMP=/dev/null", "BIN=B"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    assert 'dirty="$(B/python tools/check_stripped.py --dirty)"' in out and \
+        "B/jupyter nbconvert --clear-output --inplace $dirty" in out, out
 
 
 def test_make_help_lists_every_target_in_one_line_and_is_the_default():

@@ -7,7 +7,8 @@ under docs/gpu-runs/ and are exempt. Fix: ``make strip`` (or ``jupyter nbconvert
 --clear-output --inplace FILE``).
 
     python tools/check_stripped.py [FILE ...]     # default: every .ipynb of the checkout
-    python tools/check_stripped.py --list         # those notebooks' paths, one a line (make strip)
+    python tools/check_stripped.py --list         # those notebooks' paths, one a line
+    python tools/check_stripped.py --dirty        # those of them that carry outputs (make strip clears them)
 
 "Every .ipynb of the checkout" is what git tracks and the new files it does not ignore: a notebook
 not yet added to git is checked (and stripped) too.
@@ -54,8 +55,9 @@ def problems(path: Path) -> list[str]:
 
 def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv == ["--list"]:
-        print("\n".join(p.relative_to(root).as_posix() for p in repository_notebooks(root)))
+    if argv in (["--list"], ["--dirty"]):  # --dirty: make strip rewrites only these, leaving the rest as they are
+        paths = [p for p in repository_notebooks(root) if argv == ["--list"] or problems(p)]
+        print("\n".join(p.relative_to(root).as_posix() for p in paths))
         return 0
     paths = [Path(a).resolve() for a in argv] or repository_notebooks(root)
     bad = {p: problems(p) for p in paths}
