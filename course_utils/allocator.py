@@ -24,7 +24,8 @@ from typing import Any, Callable
 
 import torch
 
-from .memory import MiB, require_cuda
+from .memory import LiveBytes, MiB, default_dtype, require_cuda, target_spec
+from .train import training_step
 
 
 @dataclass
@@ -338,10 +339,7 @@ def trace_step(build_model: Callable[[], Any], input_shape: tuple[int, ...], *,
     events, and the index of the first event of each step."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from .memory import LiveBytes, _target_spec, default_dtype
-    from .train import training_step
-
-    classify, target_shape, loss_fn = _target_spec(tuple(input_shape), target_shape, None, None)
+    classify, target_shape, loss_fn = target_spec(tuple(input_shape), target_shape, None, None)
     with default_dtype(dtype), FakeTensorMode():
         model = build_model()
         x = torch.randn(input_shape)
@@ -622,9 +620,6 @@ def cpu_snapshot(build_model: Callable[[], Any], input_shape: tuple[int, ...], *
     real addresses (each storage's key stands in for one). ``snapshot["origin"]`` says so."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from .memory import LiveBytes, _target_spec, default_dtype
-    from .train import training_step
-
     class _Stacked(LiveBytes):
         def _add(self, st):
             n = len(self.events)
@@ -633,7 +628,7 @@ def cpu_snapshot(build_model: Callable[[], Any], input_shape: tuple[int, ...], *
                 frames[len(self.events) - 1] = _python_frames()
 
     frames: dict[int, list[dict[str, Any]]] = {}
-    classify, target_shape, loss_fn = _target_spec(tuple(input_shape), None, None, None)
+    classify, target_shape, loss_fn = target_spec(tuple(input_shape), None, None, None)
     with default_dtype(dtype), FakeTensorMode():
         model = build_model()
         x = torch.randn(input_shape)

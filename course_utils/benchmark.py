@@ -8,7 +8,7 @@ per technique and net:
   the budget card, activations kept after forward, where the peak is, and the step's FLOPs
   counted by ``torch.utils.flop_counter.FlopCounterMode`` under FakeTensorMode (forward,
   backward and any recomputation; convolutions and matrix products only) and the estimated step
-  time for ``explorer.DEFAULT_CARD`` (``explorer.step_cost``: those FLOPs, the element-wise ops'
+  time for ``cost.DEFAULT_CARD`` (``explorer.step_cost``: those FLOPs, the element-wise ops'
   bytes and any host copies at the card's spec-sheet rates);
 * **measured** (CUDA only): the same step's ``max_memory_allocated`` / ``max_memory_reserved``
   (``memory.measure_step``), the driver's used memory, the median step time, the largest batch
@@ -26,7 +26,9 @@ from typing import Any
 
 import torch
 
-from . import explorer as ex, recorded
+from . import budget, cost, recorded
+from . import explorer as ex
+from .compare import step_time
 from .config import SEED000_VOLUME
 from .memory import GiB, MiB, catch_oom, largest_that_fits, measure_step, memory_cap, predict_step
 
@@ -62,7 +64,7 @@ def configs(net: str = "large", batch: int = 2, budget_gib: int = 8) -> dict[str
 
 
 def predicted_row(cfg: ex.Config) -> dict[str, Any]:
-    est, cost = ex.estimate(cfg), ex.step_cost(cfg)  # cost: FLOPs counted (FlopCounterMode), time estimated
+    est, step = ex.estimate(cfg), ex.step_cost(cfg)  # step: FLOPs counted (FlopCounterMode), time estimated
     if cfg.batch == ex.PROBE_BATCH:  # the explorer's cached prediction is this very step
         p = ex.probe(cfg)
         peak, kept, (module, phase) = p["peak"], p["kept"], p["location"]
@@ -76,8 +78,8 @@ def predicted_row(cfg: ex.Config) -> dict[str, Any]:
             f"largest batch in {cfg.budget_gib} GiB (predicted)": est.largest_batch,
             "kept after forward MiB": round(kept / MiB),
             "peak in": f"{module} ({phase})",
-            "GFLOP per step": round(cost.flops / 1e9),
-            "est. step s": round(cost.seconds, 3)}
+            "GFLOP per step": round(step.flops / 1e9),
+            "est. step s": round(step.seconds, 3)}
 
 
 def cuda_context_bytes() -> int:
@@ -93,8 +95,6 @@ def cuda_context_bytes() -> int:
 def measured_row(cfg: ex.Config, context: int, reps: int = 5, hint: int | None = None) -> dict[str, Any]:
     """The step measured on the GPU (``module docstring``); ``hint``: the predicted largest batch,
     which the search tries first (with the batch after it)."""
-    from .compare import step_time
-
     dtype, ac = ex.PRECISIONS[cfg.precision]
     shape = (cfg.batch, 1, *cfg.volume)
     m = measure_step(lambda: ex.build(cfg), shape, n_classes=5, dtype=dtype, autocast_dtype=ac)
@@ -120,7 +120,7 @@ def measured_row(cfg: ex.Config, context: int, reps: int = 5, hint: int | None =
 
 def _time_method() -> str:
     """How "est. step s" is estimated, with the default card's rate for each precision."""
-    gpu = ex.card()
+    gpu = cost.card()
     rates = ", ".join(f"{k} {gpu.flops(k) / 1e12:.1f}" for k in ("fp32", "fp16_model", "autocast_bf16"))
     return (f"estimate for a {gpu.name} ({gpu.source.split(':')[0]}): counted FLOPs at its peak rate for the "
             f"precision (TFLOP/s: {rates}), element-wise bytes at {gpu.memory_bytes_per_s / 1e9:.0f} GB/s, "
@@ -136,7 +136,7 @@ def run(out: str | Path, nets: tuple[str, ...] = ("large",), budget_gib: int = 8
     measure = torch.cuda.is_available() if measure is None else measure
     device = torch.cuda.get_device_name(0) if measure else f"cpu-{platform.machine()}"
     context = cuda_context_bytes() if measure else None
-    over = ex.overheads()
+    over = budget.overheads()
     rows = []
     for net in nets:
         for name, cfg in configs(net, budget_gib=budget_gib).items():

@@ -38,6 +38,8 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
+from .memory import default_dtype, predict_step, target_spec
+
 _CONV_OPS = {torch.ops.aten.convolution.default, torch.ops.aten.cudnn_convolution.default}
 
 
@@ -260,10 +262,8 @@ def step_flops(build: Callable[[], nn.Module], input_shape: Sequence[int], *, n_
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
-    from .memory import _target_spec, default_dtype
-
     # class indices and cross-entropy, or with target_shape floats and MSE (as predict_step)
-    classify, target_shape, loss_fn = _target_spec(tuple(input_shape), target_shape, None, loss_fn)
+    classify, target_shape, loss_fn = target_spec(tuple(input_shape), target_shape, None, loss_fn)
     with default_dtype(dtype), FakeTensorMode():
         model = build()
         x = torch.randn(tuple(input_shape))
@@ -348,8 +348,6 @@ def cost_estimate(build_plain: Callable[[], nn.Module], build: Callable[[], nn.M
     saved-for-backward bytes of ``build`` moved twice over PCIe at ``ASSUMED_PCIE_BYTES_PER_S``.
     Keyword ``gpu_flops`` / ``pcie_bytes_per_s`` override the assumptions; ``plain_flops``
     (``step_flops(build_plain, ...)``) saves recounting the plain step for every variant."""
-    from .memory import predict_step
-
     if plain_flops is None:
         plain_flops = step_flops(build_plain, input_shape, dtype=dtype, n_classes=n_classes)
     extra = step_flops(build, input_shape, dtype=dtype, n_classes=n_classes) - plain_flops
@@ -510,8 +508,6 @@ def sqrt_sweep(ns: Sequence[int] = (4, 8, 16, 32, 64), width: int = 4,
 
     import pandas as pd
 
-    from .memory import predict_step
-
     a = shape[0] * width * math.prod(shape[2:]) * 4
 
     def predict(n, s):
@@ -575,25 +571,6 @@ def plot_sqrt_sweep(sweep, ax=None):
     ax.set_ylabel("peak / one layer's output")
     ax.legend(fontsize=8, loc="upper left")
     return k, c
-
-
-#: notebook 07's U-Net variants of README's checkpointing figure (keyword arguments of UNet3D)
-SEED000_CHECKPOINT_HEADLINE = {"none": {}, "level": dict(checkpoint="level"),
-                               "selective": dict(checkpoint="level", checkpoint_policy=save_convolutions)}
-
-
-def predict_seed000_unet(lean_up: bool = True, **unet_kwargs):
-    """``predict_step`` of seed 000's large U-Net at full size (batch 2, 26 x 150 x 320, 5
-    classes, Adam, steady state) under CUDA's autocast fp16 rules, with ``lean_up`` (default
-    True): the one configuration of notebook 07's granularity table and of README's
-    checkpointing figure. ``unet_kwargs`` go to ``seed000_unet`` (``checkpoint=...``)."""
-    from .config import SEED000_VOLUME
-    from .memory import predict_step
-    from .unet import seed000_unet
-
-    return predict_step(lambda: seed000_unet("large", lean_up=lean_up, **unet_kwargs),
-                        (2, 1, *SEED000_VOLUME), n_classes=5, autocast_dtype=torch.float16,
-                        module_peaks=False)
 
 
 def peak_change_pct(peaks: dict[str, int], base: str = "none") -> dict[str, float]:

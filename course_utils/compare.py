@@ -181,7 +181,6 @@ def plot_timelines(logs: dict, ax=None, title: str = "", window: tuple[int, int]
     line up), each with its true peak as a dashed line; ``window`` zooms to events [a, b)."""
     import matplotlib.pyplot as plt
 
-
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 3.4))
     for (name, log), color in zip(logs.items(), ("#4c72b0", "#dd8452", "#55a868", "#c44e52"), strict=False):  # at most four logs

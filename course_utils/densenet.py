@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -41,6 +40,8 @@ from torch.nn import functional as F
 
 from . import session_cache
 from .checkpointing import checkpointed
+from .memory import predict_step
+from .memory.meters import storage_key
 
 #: DenseNet-169 (torchvision's densenet169): growth 32, blocks (6, 12, 32, 32), bn_size 4,
 #: 64 initial features, compression 0.5
@@ -180,8 +181,6 @@ def stored_per_layer(memory_efficient: bool, n_layers: int = 6, in_channels: int
     (channels)`` (sorted, largest first), ``channels stored`` (method: saved-tensor hooks)."""
     import pandas as pd
 
-    from .memory.meters import _storage_key
-
     block = DenseBlock(n_layers, in_channels, growth_rate, bn_size, memory_efficient)
     current: list[int | None] = [None]
     made_by: dict[int, int] = {}
@@ -194,16 +193,16 @@ def stored_per_layer(memory_efficient: bool, n_layers: int = 6, in_channels: int
 
     def post(i):
         def hook(module, args, out):
-            made_by[_storage_key(out)] = i
+            made_by[storage_key(out)] = i
             current[0] = None
         return hook
 
     handles = [h for i, layer in enumerate(block.layers)
                for h in (layer.register_forward_pre_hook(pre(i)), layer.register_forward_hook(post(i)))]
-    params = {_storage_key(t) for t in block.parameters()}
+    params = {storage_key(t) for t in block.parameters()}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        key = _storage_key(t)
+        key = storage_key(t)
         if key not in params and t.dim() == 4 and key not in saved:
             saved[key] = (current[0], t.shape[1])
         return t
@@ -215,7 +214,7 @@ def stored_per_layer(memory_efficient: bool, n_layers: int = 6, in_channels: int
     finally:
         for h in handles:
             h.remove()
-    x_key = _storage_key(x)
+    x_key = storage_key(x)
     per: dict[str, list[int]] = {}
     for key, (during, channels) in saved.items():
         who = "block input" if key == x_key else made_by.get(key, during)
@@ -264,8 +263,6 @@ def seed004_step_args(batch: int = SEED004_BATCH, image: Sequence[int] = SEED004
 
 def predict_seed004(build: Callable[[], nn.Module], batch: int = SEED004_BATCH, **kwargs):
     """``predict_step`` of seed 004's step (Adam; ``dtype`` / ``autocast_dtype`` passed on)."""
-    from .memory import predict_step
-
     kwargs.setdefault("module_peaks", False)
     return predict_step(build, **seed004_step_args(batch), **kwargs)
 
@@ -293,7 +290,7 @@ def _densenet169_step(switches: tuple[tuple[str, bool], ...], batch: int):
 # Does it fit? Cards, stated assumptions, the largest batch
 # --------------------------------------------------------------------------------------------
 #: Memory on the card that tensors cannot use -- the CUDA context, and slack for cuDNN
-#: workspaces and the allocator -- is ``explorer.Overheads`` (stated assumptions, or measured
+#: workspaces and the allocator -- is ``budget.Overheads`` (stated assumptions, or measured
 #: figures once a GPU run has been recorded): one model for every budget of the course.
 #: GPU classes of 2022 by memory (a "6 GB" card has 6 GiB); the slides name none
 CARDS_GIB = {"6 GB (GTX 1060 / RTX 2060)": 6, "8 GB (GTX 1080 / RTX 2080 / 3070)": 8,
@@ -301,56 +298,3 @@ CARDS_GIB = {"6 GB (GTX 1060 / RTX 2060)": 6, "8 GB (GTX 1080 / RTX 2080 / 3070)
              "16 GB (V100 / T4)": 16}
 
 
-def usable_bytes(card_gib: float) -> int:
-    """The largest predicted peak (``max_memory_allocated``) whose step fits a card of
-    ``card_gib`` GiB: the card less the CUDA context, divided by 1 + the slack for workspaces and
-    the allocator -- the same ``explorer.Overheads`` the U-Net's budget uses (stated there)."""
-    from .explorer import overheads
-
-    return int(overheads().usable(card_gib * 2**30))
-
-
-def steady_state(breakdown: dict[str, int]) -> dict[str, int]:
-    """The breakdown of a step from the second on: Adam's two moments (2 x the parameter bytes)
-    resident during forward and backward. A breakdown that already has them is returned as is."""
-    out = dict(breakdown)
-    if not out.get("Optstate"):
-        out["Optstate"] = 2 * out["Parameter"]
-        out["Total"] = out["Total"] + out["Optstate"]
-    return out
-
-
-#: the parts of a steady-state breakdown that do not grow with the batch (or the image)
-FIXED_PARTS = ("Parameter", "Buffer", "Gradient", "Optstate")
-
-
-def fixed_bytes(breakdown: dict[str, int]) -> int:
-    """Parameters + buffers + gradients + optimizer state: the bytes of a breakdown that do not
-    grow with the batch (``BatchModel``'s ``fixed``)."""
-    return sum(breakdown.get(k, 0) for k in FIXED_PARTS)
-
-
-@dataclass
-class BatchModel:
-    """Predicted steady-state peak as a function of the batch: ``fixed + batch * per_sample``.
-    Parameters, buffers, gradients and optimizer state do not grow with the batch; activations,
-    temporaries and the input do (linearly, for a conv net: checked in the tests)."""
-
-    fixed: int
-    per_sample: int
-    breakdown: dict[str, int]  # steady-state breakdown at the predicted batch
-    batch: int
-
-    def peak(self, batch: int) -> int:
-        return self.fixed + batch * self.per_sample
-
-    def largest_batch(self, budget_bytes: int) -> int:
-        return max(0, (budget_bytes - self.fixed) // self.per_sample)
-
-
-def batch_model(prediction, batch: int = SEED004_BATCH) -> BatchModel:
-    """``BatchModel`` from one ``predict_step`` result at ``batch``."""
-    b = steady_state(prediction.breakdown)
-    fixed = fixed_bytes(b)
-    return BatchModel(fixed=fixed, per_sample=-(-(b["Total"] - fixed) // batch), breakdown=b,
-                      batch=batch)

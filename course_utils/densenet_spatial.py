@@ -23,7 +23,7 @@ Why it gives the same step as one process:
   of squares all-reduced over ranks, in forward and (for the gradient) in backward
   (``GlobalBatchNorm``); the running statistics are updated once, as one process would, with the
   unbiased variance over the global count;
-* the global average pool is a per-rank sum, all-reduced (differentiably, ``spatial._all_reduce_sum``)
+* the global average pool is a per-rank sum, all-reduced (differentiably, ``spatial.all_reduce_sum``)
   and divided by the global pixel count: every rank ends with the *same* logits, the same loss.
 
 ::
@@ -84,11 +84,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .densenet import DENSENET169, DenseLayer, DenseNet, SEED004_CLASSES, fixed_bytes
-from .memory import default_dtype
+from .budget import fixed_bytes
+from .densenet import DENSENET169, SEED004_CLASSES, DenseLayer, DenseNet
+from .memory import default_dtype, mib, predict_step
 from .numerics import update_running_stats
 from .parallel import compared, launch
-from .spatial import EXCHANGED, HaloExchange, _all_reduce_sum, conv_with_halos
+from .spatial import EXCHANGED, HaloExchange, all_reduce_sum, conv_with_halos
 
 #: the net's total stride: stem conv (2) x max-pool (2) x 3 transitions (2 each)
 ALIGN = 32
@@ -139,7 +140,7 @@ def strip_rows(height: int, world: int, rank: int) -> tuple[int, int]:
 # --------------------------------------------------------------------------------------------
 def _sum_over_ranks(t: torch.Tensor, direction: str) -> torch.Tensor:
     REDUCED[direction] += t.numel() * t.element_size()
-    return _all_reduce_sum(t)
+    return all_reduce_sum(t)
 
 
 class GlobalBatchNorm(torch.autograd.Function):
@@ -328,7 +329,7 @@ def strip_forward(net: DenseNet, x: torch.Tensor, *, halo: bool = True, global_b
     pixels = x.shape[2] * x.shape[3] * st.world  # every strip has the same shape
     pooled = x.sum((2, 3))
     if dist.is_initialized() and st.world > 1:
-        pooled = _all_reduce_sum(pooled)
+        pooled = all_reduce_sum(pooled)
     return net.classifier(pooled / pixels)
 
 
@@ -430,8 +431,6 @@ def spatial_densenet_worker(rank: int, world: int, device: torch.device, config:
 def _measure_strip(rank: int, world: int, config: dict) -> dict:
     """``predict_step(fake=False, target="cpu")`` of this rank's strip: the same step on real
     CPU tensors, with real messages, under MemTracker (float32, Adam's steady state)."""
-    from .memory import predict_step
-
     kwargs = {**SMALL_DENSENET, **config.get("net", {})}
     batch, (height, width) = config.get("batch", 2), config.get("image", (128, 64))
     t = check_alignment(height, world)
@@ -566,8 +565,6 @@ def predict_strip(build: Callable[[], DenseNet], world: int, batch: int, image: 
     interior one (two neighbours) when there is one. The in-place all-reduce of the gradients
     allocates nothing and is not run. ``kwargs`` go to ``predict_step`` (default: no per-module
     peaks)."""
-    from .memory import predict_step
-
     t = check_alignment(image[0], world)
     rank = min(1, world - 1) if rank is None else rank
     kwargs.setdefault("module_peaks", False)
@@ -593,8 +590,6 @@ def spatial_memory_table(worlds: Sequence[int] = (1, 2, 4, 8), batches: Sequence
     prediction takes about 10-20 s on a laptop CPU at full size (fake tensors: the same at any
     batch)."""
     import pandas as pd
-
-    from .memory import mib, predict_step
 
     net = {**DENSENET169, **(net or {})}
     height = aligned_height(image[0], max(worlds))
@@ -637,8 +632,6 @@ def memory_check(image: Sequence[int] = (64, 64), batch: int = 2, net: dict | No
     against the plain ``predict_step`` of the whole image (no strips, no process group), and
     each world size's strip prediction against it (activations must shrink by about the world
     size; parameters, gradients and Adam state must not). Returns the peaks and differences."""
-    from .memory import predict_step
-
     kwargs = {**SMALL_DENSENET, **(net or {})}
 
     def build() -> DenseNet:

@@ -9,7 +9,7 @@ controls with a stacked bar. How it stays fast enough to move a slider, and what
   batch 2 (in a test session, shared by its processes: ``session_cache``). Parameters, gradients and optimizer state do not grow with the batch; activations,
   temporaries and the batch itself grow in proportion to it. ``tests/test_explorer.py`` checks
   the scaled figure against direct predictions at other batches.
-* **What a card needs beyond the prediction** (``Overheads``): the CUDA context, which the
+* **What a card needs beyond the prediction** (``budget.Overheads``): the CUDA context, which the
   allocator never sees, and slack for what the prediction cannot see -- cuDNN workspaces,
   allocator rounding and fragmentation (reserved above allocated). Defaults are assumptions
   stated in ``Overheads.source``; when a GPU run has been recorded (``recorded``), its measured
@@ -18,10 +18,10 @@ controls with a stacked bar. How it stays fast enough to move a slider, and what
   has under each assumption and up to which context it still fits.
 * **Data parallelism** (``dp_ranks`` > 1): each GPU holds the step of its share of the batch
   (the fullest rank's) plus DDP's gradient buckets, a flat copy of every gradient
-  (``parallel.ddp_bucket_bytes``: DDP's default ``gradient_as_bucket_view=False``; measured in
+  (``budget.ddp_bucket_bytes``: DDP's default ``gradient_as_bucket_view=False``; measured in
   notebook 08). NCCL's own buffers are allocated outside PyTorch's allocator: like the CUDA
   context, they are not in the prediction (see notebook 08).
-* **Time** (``step_cost``), estimated for a named card (``CARDS``: spec-sheet rates and their
+* **Time** (``step_cost``), estimated for a named card (``cost.CARDS``: spec-sheet rates and their
   sources; ``DEFAULT_CARD``): the convolutions' counted FLOPs, the bytes the element-wise ops read
   and write (``ElementwiseBytes``) and, with offload, what ``save_on_cpu`` copies over PCIe and
   holds in pinned host memory; ``cost_table`` ranks configurations on every card.
@@ -30,7 +30,6 @@ controls with a stacked bar. How it stays fast enough to move a slider, and what
 from __future__ import annotations
 
 import functools
-import weakref
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -38,21 +37,25 @@ import torch
 import torch.utils._python_dispatch
 
 from . import session_cache
-from .checkpointing import save_convolutions
+from .amp_rules import autocast_rules
+from .budget import Overheads, ddp_bucket_bytes, overheads, seed000_overheads
+from .checkpointing import save_convolutions, step_flops
+from .cost import (
+    CARDS,
+    FLOPS_ONLY_50T,
+    PRECISION_LABELS,
+    PRECISIONS,
+    Card,
+    Cost,
+    ElementwiseBytes,
+    SaveOnCpuMeter,
+    card,
+)
 from .inplace_abn import inplace_abn
-from .memory import GiB, MiB, predict_step
-from .unet import UNet3D, bn_relu, bn_relu_inplace, default_channels
+from .memory import GiB, MiB, default_dtype, predict_step, prime_optimizer
+from .train import training_step
+from .unet import SEED000_VARIANTS, UNet3D, bn_relu, bn_relu_inplace, default_channels
 
-#: precision key -> (dtype of the model, autocast dtype or None). Code uses the keys;
-#: widgets, ``Config.describe`` and plots show ``PRECISION_LABELS``.
-PRECISIONS = {
-    "fp32": (torch.float32, None),
-    "fp16_model": (torch.float16, None),  # the model built in fp16, as seed 000 did
-    "autocast_fp16": (torch.float32, torch.float16),
-    "autocast_bf16": (torch.float32, torch.bfloat16),
-}
-PRECISION_LABELS = {"fp32": "fp32", "fp16_model": "fp16 model (seed 000)", "autocast_fp16": "autocast fp16",
-                    "autocast_bf16": "autocast bf16"}
 #: checkpointing key -> the UNet3D options it means
 _CHECKPOINT_ARGS = {"none": {}, "level": {"checkpoint": "level"}, "double_conv": {"checkpoint": "double_conv"},
                     "conv": {"checkpoint": "conv"},
@@ -66,53 +69,6 @@ BUDGETS_GIB = (8, 12, 16, 24, 40, 80)
 PROBE_BATCH = 2
 #: the parts of a peak that grow with the batch
 PER_SAMPLE = ("activations", "temporaries")
-
-
-@dataclass(frozen=True)
-class Overheads:
-    """Memory a card needs beyond the predicted ``max_memory_allocated``."""
-
-    context_mib: float  # CUDA context + libraries: part of the card, never in memory_allocated
-    slack: float  # fraction of the predicted peak: workspaces, rounding, fragmentation
-    source: str
-
-    def needed(self, predicted_peak: float) -> float:
-        """Bytes of the card a step with this predicted allocated peak needs."""
-        return predicted_peak * (1 + self.slack) + self.context_mib * MiB
-
-    def usable(self, card_bytes: float) -> float:
-        """The largest predicted allocated peak a card of ``card_bytes`` holds (``needed``'s inverse)."""
-        return (card_bytes - self.context_mib * MiB) / (1 + self.slack)
-
-
-#: the slack assumed: seed 000's own hook table shows reserved/allocated of 1.05-1.10 at its peaks
-ASSUMED_SLACK = 0.10
-ASSUMED_CONTEXT_MIB = 500.0
-
-
-def overheads() -> Overheads:
-    """The CUDA context measured on a GPU when a run was recorded (else assumed), and the slack
-    assumed. A recorded run's reserved/allocated ratio is not used as the slack: measured without
-    a cap, it is the cache the allocator keeps while nothing presses on it, which it frees (and
-    retries) before it raises out of memory. README's benchmark sets the largest batch predicted
-    with these overheads beside the one measured under a cap."""
-    from .recorded import lookup
-
-    slack = (f"slack {ASSUMED_SLACK * 100:.0f} % of the allocated peak (seed 000's own hook table shows "
-             "reserved/allocated of 1.05-1.10 at its peaks)")
-    ratio = lookup("gpu/reserved_over_allocated")
-    if ratio is not None:
-        slack += (f"; reserved/allocated without a cap {ratio.label}: median {ratio.value['median']}, "
-                  f"max {ratio.value['max']} (the cache the allocator frees before it raises out of memory)")
-    ctx = lookup("00/cuda_context")
-    if ctx is not None:
-        return Overheads(float(ctx.value["context_MiB"]), ASSUMED_SLACK,
-                         f"context measured, slack assumed: CUDA context {float(ctx.value['context_MiB']):.0f} MiB "
-                         f"{ctx.label}; {slack}")
-    return Overheads(
-        ASSUMED_CONTEXT_MIB, ASSUMED_SLACK,
-        f"assumed (no GPU run recorded): CUDA context {ASSUMED_CONTEXT_MIB:.0f} MiB (a few hundred MiB on recent "
-        f"GPUs with lazy module loading); {slack}")
 
 
 def _check_key(name: str, value: Any, labels: dict[str, str]) -> None:
@@ -204,8 +160,6 @@ def build(cfg: Config) -> UNet3D:
     norm_act = inplace_abn if cfg.inplace_abn else (bn_relu_inplace if cfg.inplace_relu else bn_relu)
     ckpt = dict(_CHECKPOINT_ARGS[cfg.checkpointing], lean_up=cfg.lean_up, offload_activations=cfg.offload)
     if cfg.seed000 and cfg.base_channels == 64 and cfg.levels in (4, 5):
-        from .unet import SEED000_VARIANTS
-
         variant = {5: "large", 4: "small"}[cfg.levels]
         return UNet3D(n_classes=5, **SEED000_VARIANTS[variant], norm_act=norm_act, **ckpt)
     return UNet3D(levels=cfg.levels, channels=default_channels(cfg.levels, cfg.base_channels),
@@ -286,10 +240,8 @@ class Estimate:
 
 @functools.lru_cache(maxsize=256)
 def _ddp_buckets(key: tuple) -> int:
-    """DDP's gradient buckets on each rank for the configuration (``parallel.ddp_bucket_bytes``:
+    """DDP's gradient buckets on each rank for the configuration (``budget.ddp_bucket_bytes``:
     one more copy of every gradient, in the parameters' dtype), counted on the meta device."""
-    from .parallel.data_parallel import ddp_bucket_bytes
-
     cfg = Config(**dict(key))
     with torch.device("meta"):
         net = build(cfg).to(PRECISIONS[cfg.precision][0])
@@ -334,26 +286,6 @@ def table(configs: list[Config], progress: bool = False):
 
         configs = tqdm(configs, desc="configurations", unit="config")
     return pd.DataFrame([estimate(c, over).row() for c in configs])
-
-
-#: Seed 000's own figures (shared/seeds/unet3d_memory_question.txt): nvidia-smi showed "around
-#: 7000MiB" at the peak, and the largest ``mem_cached`` of its hook table (PyTorch's reserved
-#: memory) was 6,121,586,688 B = 5,838 MiB. What nvidia-smi counts beyond the caching allocator's
-#: reserve is the CUDA context and its libraries: 7000 - 5838 = 1,162 MiB (~1.1 GiB).
-SEED000_SMI_MIB = 7000
-SEED000_PEAK_CACHED_BYTES = 6_121_586_688
-
-
-def seed000_overheads(slack: float | None = None) -> Overheads:
-    """The context seed 000's own numbers imply (nvidia-smi's peak less the allocator's largest
-    reserve; ``SEED000_SMI_MIB``, ``SEED000_PEAK_CACHED_BYTES``), with the slack of
-    ``overheads()`` unless ``slack`` is given: the alternative to the assumed 500 MiB."""
-    context = SEED000_SMI_MIB - SEED000_PEAK_CACHED_BYTES / MiB
-    slack = overheads().slack if slack is None else slack
-    return Overheads(context, slack,
-                     f"seed 000's numbers: nvidia-smi ~{SEED000_SMI_MIB} MiB less its largest mem_cached "
-                     f"{SEED000_PEAK_CACHED_BYTES / MiB:,.0f} MiB = {context:,.0f} MiB outside the caching "
-                     f"allocator (their GPU, driver and libraries); slack {100 * slack:.0f} % as the default")
 
 
 @functools.lru_cache(maxsize=64)
@@ -436,150 +368,8 @@ def all_combinations(base: Config, precisions=None, lean_up=(False,), checkpoint
 @session_cache.shared("explorer.flops")
 def _flops(key: tuple) -> int:
     """FLOPs of one training step at the probe batch (forward, backward, recomputation)."""
-    from .checkpointing import step_flops
-
     cfg = Config(**dict(key))  # the fields left out of the key keep their defaults
     return step_flops(lambda: build(cfg), (PROBE_BATCH, 1, *cfg.volume))
-
-
-@dataclass(frozen=True)
-class Card:
-    """A GPU's published peak throughputs, for the time estimates (spec sheets, not measurements:
-    sustained rates are lower, so every time computed from them is optimistic)."""
-
-    name: str
-    fp32_flops: float  # FP32 FLOP/s (CUDA cores; on Ampere also TF32 tensor cores, dense)
-    fp16_flops: float  # 16-bit convolutions as PyTorch runs them: fp16 data, fp32 accumulation
-    bf16_flops: float  # bf16 with fp32 accumulation (tensor cores from Ampere on)
-    memory_bytes_per_s: float  # device memory bandwidth
-    pcie: str  # PCIe generation x lanes
-    pcie_bytes_per_s: float  # theoretical host <-> device bandwidth per direction
-    source: str
-
-    def flops(self, precision: str) -> float:
-        """FLOP/s of the convolutions of a ``PRECISIONS`` key: its model dtype, or autocast's."""
-        dtype, ac = PRECISIONS[precision]
-        low = ac or dtype
-        return {torch.float16: self.fp16_flops, torch.bfloat16: self.bf16_flops}.get(low, self.fp32_flops)
-
-
-def pcie_bytes_per_s(gen: int, lanes: int = 16) -> float:
-    """Theoretical PCIe bandwidth per direction: GT/s per lane (gen 3: 8, gen 4: 16) x lanes x
-    128b/130b encoding / 8 bits (PCI-SIG base specifications 3.0 and 4.0): 15.75 GB/s for gen 3
-    x16, 31.5 GB/s for gen 4 x16. Pinned copies reach about 80 % of it in practice."""
-    return {3: 8e9, 4: 16e9}[gen] * lanes * 128 / 130 / 8
-
-
-#: The 8 GB cards the capstone's budget stands for. PyTorch runs an fp16 convolution through
-#: cuDNN with fp32 math (ATen's cudnn/Descriptors.h, ConvolutionDescriptor::set: CUDNN_DATA_HALF
-#: -> mathType CUDNN_DATA_FLOAT), so its rate is the tensor cores' "fp16 with fp32 accumulate"
-#: where there are tensor cores, and the FP32 rate on a GTX 1080 (no tensor cores; its native
-#: fp16 runs at 1/64 rate). GeForce cards have no bf16 before Ampere: bf16 at the FP32 rate at best.
-CARDS: dict[str, Card] = {c.name: c for c in (
-    Card("GTX 1080", 8.87e12, 8.87e12, 8.87e12, 320e9, "3.0 x16", pcie_bytes_per_s(3),
-         "NVIDIA GeForce GTX 1080 whitepaper (2016): 2560 CUDA cores at 1733 MHz boost = 8.87 TFLOP/s "
-         "FP32, no tensor cores; 8 GB GDDR5X, 320 GB/s; PCIe 3.0 x16"),
-    Card("RTX 2080", 10.07e12, 40.3e12, 10.07e12, 448e9, "3.0 x16", pcie_bytes_per_s(3),
-         "NVIDIA Turing architecture whitepaper (2018), GeForce RTX 2080 (reference clocks): 2944 CUDA "
-         "cores at 1710 MHz = 10.1 TFLOP/s FP32, 40.3 TFLOP/s FP16 tensor with FP32 accumulate; 8 GB "
-         "GDDR6, 448 GB/s; PCIe 3.0 x16"),
-    Card("RTX 3070", 20.3e12, 40.6e12, 40.6e12, 448e9, "4.0 x16", pcie_bytes_per_s(4),
-         "NVIDIA Ampere GA102 whitepaper (2020), appendix A, GeForce RTX 3070: 5888 CUDA cores at 1725 "
-         "MHz = 20.3 TFLOP/s FP32, 40.6 TFLOP/s FP16 and BF16 tensor with FP32 accumulate (dense); 8 GB "
-         "GDDR6, 448 GB/s; PCIe 4.0 x16"),
-)}
-#: the card ``step_cost`` assumes when none is named: an 8 GB card with tensor cores on PCIe 3.0
-DEFAULT_CARD = "RTX 2080"
-#: the throughput the course assumed before (checkpointing.ASSUMED_GPU_FLOPS, 50 TFLOP/s, and
-#: 25 GB/s of PCIe; element-wise work not counted): kept to compare rankings with, not a card
-FLOPS_ONLY_50T = Card("50 TFLOP/s, FLOPs only (the old assumption)", 50e12, 50e12, 50e12, float("inf"),
-                      "4.0 x16", 25e9, "checkpointing.ASSUMED_GPU_FLOPS and ASSUMED_PCIE_BYTES_PER_S")
-
-
-def card(name: str | Card | None = None) -> Card:
-    """``CARDS[name]`` (``DEFAULT_CARD`` for None); a Card is returned as it is."""
-    if isinstance(name, Card):
-        return name
-    name = name or DEFAULT_CARD
-    if name not in CARDS:
-        raise ValueError(f"unknown card {name!r}: use one of {list(CARDS)} or pass a Card(...)")
-    return CARDS[name]
-
-
-class ElementwiseBytes(torch.utils._python_dispatch.TorchDispatchMode):
-    """Counts the bytes every op that ``FlopCounterMode`` does not count reads and writes: the
-    element-wise and data-movement work of a step (BatchNorm, ReLU, upsampling, concatenation,
-    pooling, casts, the optimizer's updates). Per op: the bytes of its tensor inputs plus those of
-    its outputs (an in-place op's mutated input once more). Views and metadata queries move no
-    data and are skipped, and so are ops that only allocate (``empty``). One pass over memory per
-    operand: a lower bound for kernels that read an input twice (cuDNN's BatchNorm does)."""
-
-    _ALLOCATE_ONLY = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided",
-                      "lift_fresh", "_unsafe_view", "_local_scalar_dense"}
-    _WRITE_ONLY = {"copy_", "fill_", "zero_"}
-
-    def __init__(self):
-        super().__init__()
-        self.total = 0
-        self.by_op: dict[str, int] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from torch.utils._pytree import tree_leaves
-        from torch.utils.flop_counter import flop_registry
-
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        name, schema = func.overloadpacket.__name__, func._schema
-        if func.overloadpacket in flop_registry or name in self._ALLOCATE_ONLY or any(
-                r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
-            return out  # counted as FLOPs, or allocates only, or a view
-        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-        if not outs and not schema.is_mutable:
-            return out  # a metadata query (prim.device, sizes)
-        reads = args[1:] if name in self._WRITE_ONLY else args  # their destination is not read
-        n = sum(_nbytes(t) for t in tree_leaves((reads, kwargs))) + sum(_nbytes(t) for t in outs)
-        if not outs:  # in-place ops that return nothing (the optimizer's _foreach_*_): the writes
-            n += sum(_nbytes(t) for a, v in zip(schema.arguments, args, strict=False)
-                     if a.alias_info is not None and a.alias_info.is_write for t in tree_leaves(v))
-        self.total += n
-        self.by_op[name] = self.by_op.get(name, 0) + n
-        return out
-
-
-def _nbytes(t: Any) -> int:
-    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
-
-
-class _SaveOnCpuMeter:
-    """What ``torch.autograd.graph.save_on_cpu`` would copy to the host: it packs every saved
-    tensor into a fresh host tensor of the same size, once per save (no sharing between the ops
-    that save one tensor, parameters included), and frees it when autograd drops the save."""
-
-    def __init__(self):
-        self.current = self.peak = self.total = 0
-
-    def pack(self, t: torch.Tensor) -> Any:
-        n = _nbytes(t)
-        self.current += n
-        self.total += n
-        self.peak = max(self.peak, self.current)
-        handle = _Saved(t)
-        weakref.finalize(handle, self._drop, n)
-        return handle
-
-    def _drop(self, n: int) -> None:
-        self.current -= n
-
-    @staticmethod
-    def unpack(handle: "_Saved") -> torch.Tensor:
-        return handle.t
-
-
-class _Saved:
-    __slots__ = ("t", "__weakref__")
-
-    def __init__(self, t: torch.Tensor):
-        self.t = t
 
 
 @functools.lru_cache(maxsize=64)
@@ -588,16 +378,12 @@ def _traffic(key: tuple) -> dict[str, Any]:
     """One steady-state training step of the configuration (without offload), at the probe batch,
     under FakeTensorMode with CUDA's autocast rules and Adam's foreach update, as the prediction:
     the bytes its element-wise ops move (``ElementwiseBytes``, per op) and what ``save_on_cpu``
-    would copy to the host in its forward (``_SaveOnCpuMeter``: in all, and at most at once)."""
+    would copy to the host in its forward (``SaveOnCpuMeter``: in all, and at most at once)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from .amp_rules import autocast_rules
-    from .memory import default_dtype, prime_optimizer
-    from .train import training_step
 
     cfg = Config(**dict(key))
     dtype, ac = PRECISIONS[cfg.precision]
-    meter, counter = _SaveOnCpuMeter(), ElementwiseBytes()
+    meter, counter = SaveOnCpuMeter(), ElementwiseBytes()
     with default_dtype(dtype), FakeTensorMode(), autocast_rules("cuda" if ac else None):
         model = build(replace(cfg, offload=False))
         x = torch.randn(PROBE_BATCH, 1, *cfg.volume)
@@ -616,20 +402,6 @@ def _traffic(key: tuple) -> dict[str, Any]:
         del model, x, y, opt
     return {"elementwise": counter.total, "by_op": dict(counter.by_op), "packed": meter.total,
             "packed_peak": meter.peak}
-
-
-@dataclass(frozen=True)
-class Cost:
-    flops: int  # per step at the configuration's batch (FlopCounterMode: convolutions)
-    offloaded_bytes: int  # what save_on_cpu copies to the host in forward and back in backward
-    seconds: float  # estimated: compute_s + elementwise_s + transfer_s, not overlapped
-    method: str
-    elementwise_bytes: int = 0  # bytes read and written by the ops FlopCounterMode does not count
-    host_pinned_bytes: int = 0  # pinned host memory save_on_cpu holds at once (offload only)
-    compute_s: float = 0.0  # flops at the card's rate for the precision
-    elementwise_s: float = 0.0  # elementwise_bytes at the card's memory bandwidth
-    transfer_s: float = 0.0  # 2 x offloaded_bytes at the card's PCIe bandwidth
-    card: str = ""
 
 
 def step_cost(cfg: Config, card_name: str | Card | None = None) -> Cost:
@@ -681,13 +453,6 @@ def cost_table(configs: list[Config], cards=(*CARDS, FLOPS_ONLY_50T)):
         name = card(gpu).name
         df[f"rank, {name}"] = df[f"{name} s"].rank(method="min").astype(int)
     return df
-
-
-def pareto(points: list[tuple[float, float]]) -> list[bool]:
-    """For (time, memory) points: True where no other point is at least as good in both and
-    better in one (the memory-time frontier)."""
-    return [not any((t2 <= t and m2 <= m) and (t2 < t or m2 < m) for t2, m2 in points)
-            for t, m in points]
 
 
 COLORS = {"params": "#4c72b0", "grads": "#55a868", "optimizer": "#c44e52", "activations": "#8172b2",

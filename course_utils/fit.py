@@ -14,18 +14,18 @@ Method
   CUDA's autocast op lists. ``peak`` is the predicted ``torch.cuda.max_memory_allocated()``.
   Where it is (module and phase) is ``MemoryLog.peak_location``; what each top-level module
   leaves alive for backward is the saved-tensor meter's growth during its forward.
-* **What the card needs** is ``explorer.Overheads`` applied to the peak: the CUDA context and a
+* **What the card needs** is ``budget.Overheads`` applied to the peak: the CUDA context and a
   slack for what a fake-tensor prediction cannot see -- cuDNN/cuBLAS workspaces, the caching
   allocator's rounding and fragmentation (reserved above allocated), NCCL's buffers. They are
   stated assumptions until a GPU run has been recorded (``recorded``), then measured figures.
-* **The largest batch** is ``densenet.batch_model``'s affine model (parameters, gradients and
+* **The largest batch** is ``budget.batch_model``'s affine model (parameters, gradients and
   optimizer state fixed; activations, temporaries and the batch per sample) solved for the card's
-  usable bytes (``densenet.usable_bytes``), then *verified* by a prediction at that batch; for
+  usable bytes (``budget.usable_bytes``), then *verified* by a prediction at that batch; for
   the plain step (``largest_batch``) also at batch + 1, so that it is the boundary.
 * **Time** is counted, not measured: the step's FLOPs (``FlopCounterMode`` on fake tensors:
   convolutions and matrix products, recomputation included), the bytes the other ops read and
-  write (``explorer.ElementwiseBytes``) and, for offload, what ``save_on_cpu`` copies to the host
-  and back, at a card's spec-sheet rates (``explorer.card``; ``DEFAULT_CARD`` unless
+  write (``cost.ElementwiseBytes``) and, for offload, what ``save_on_cpu`` copies to the host
+  and back, at a card's spec-sheet rates (``cost.card``; ``DEFAULT_CARD`` unless
   ``time_card`` names another). Reported as a ratio to the plain step.
 
 Techniques (``TECHNIQUES``)
@@ -41,7 +41,7 @@ Techniques (``TECHNIQUES``)
 * ``offload``: the model's forward under ``checkpointing.offload_saved`` (``save_on_cpu`` on a
   GPU): saved activations in pinned host memory; time adds the PCIe copies;
 * ``ddp-N`` (N = 2, 4, 8, where N divides the batch): each replica runs batch / N and holds DDP's
-  gradient buckets (``parallel.data_parallel.ddp_bucket_bytes``); communication not counted;
+  gradient buckets (``budget.ddp_bucket_bytes``); communication not counted;
 * ``fsdp-N``: parameters, gradients and Adam's state sharded over N ranks with the blocks as
   FSDP units (``parallel.fsdp.fsdp_rank_memory``, which takes any ``nn.Module`` and its units in
   forward order), plus buffers and the activations of batch / N. Resting and working bytes per
@@ -67,16 +67,31 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
-import importlib
 import sys
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from .amp_rules import autocast_rules
+from .budget import batch_model, ddp_bucket_bytes, overheads, steady_state, usable_bytes
+from .checkpointing import plot_breakdowns
+from .cost import ElementwiseBytes, SaveOnCpuMeter, card, pareto
+from .fit_model import (
+    FitError,
+    activation_modules,
+    blocks,
+    build_model,
+    explain_failure,
+    parse_shape,
+    resolve_builder,
+    variant,
+)
+from .memory import mib, predict_step, prime_optimizer
+from .parallel.fsdp import fsdp_rank_memory
+from .train import training_step
 
 #: the losses the CLI knows, by name; from Python ``loss=`` also takes a callable(logits, target)
 LOSSES: dict[str, Callable[..., torch.Tensor]] = {
@@ -89,74 +104,17 @@ TECHNIQUES = ("autocast-fp16", "autocast-bf16", "inplace", "checkpoint-blocks", 
               *(f"ddp-{n}" for n in RANKS), *(f"fsdp-{n}" for n in RANKS))
 BASELINE = "none (fp32)"
 _AUTOCAST = {"autocast-fp16": torch.float16, "autocast-bf16": torch.bfloat16}
-_PRECISION = {"autocast-fp16": "autocast_fp16", "autocast-bf16": "autocast_bf16"}  # explorer.Card.flops keys
+_PRECISION = {"autocast-fp16": "autocast_fp16", "autocast-bf16": "autocast_bf16"}  # cost.Card.flops keys
 #: the bar categories (MemTracker's) and the names ``FitReport.breakdown`` gives them
 _RENAME = {"Temp": "Temporary"}
-_DATA_FIX = ("Fix: remove data-dependent branches from forward (no .item(), .tolist(), .numpy(), no Python "
-             "`if` on a tensor's value, no nonzero/boolean-mask indexing: use torch.where and fixed shapes), "
-             "or measure the step on a GPU with course_utils.memory.measure_step.")
-_CUDA_FIX = ("Fix: make tensors on the input's device (device=x.device, or register them as buffers) instead "
-             "of 'cuda', and call no torch.cuda API in __init__ or forward; or measure the step on a GPU with "
-             "course_utils.memory.measure_step.")
-
-
-class FitError(ValueError):
-    """``fit`` cannot predict this network as asked; the message names the fix."""
-
-
 def _gpus(tech: str) -> int:
     """N of ``ddp-N`` / ``fsdp-N``; 1 for a one-GPU technique."""
     return int(tech.split("-")[1]) if tech.startswith(("ddp-", "fsdp-")) else 1
 
 
 # --------------------------------------------------------------------------------------------
-# Input checking: the builder, the shapes, the loss
+# The loss
 # --------------------------------------------------------------------------------------------
-def resolve_builder(spec: str | Callable[[], nn.Module]) -> Callable[[], nn.Module]:
-    """``"package.module:function"`` (or a callable) -> the builder function."""
-    if isinstance(spec, nn.Module):
-        raise FitError("fit takes a function that builds the model, not a model (it builds it on fake "
-                       f"tensors). Fix: pass e.g. `lambda: {type(spec).__name__}(...)`.")
-    if callable(spec):
-        return spec
-    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
-        raise FitError(f"expected MODULE:BUILDER (e.g. course_utils.fit_examples:resnet18_2d), got {spec!r}. "
-                       "Fix: name an importable module and a function in it that returns an nn.Module.")
-    mod_name, attr = spec.split(":")
-    try:
-        module = importlib.import_module(mod_name)
-    except Exception as e:  # ImportError, or an error while the module runs
-        raise FitError(f"cannot import {mod_name!r} ({type(e).__name__}: {e}). Fix: run from the folder that "
-                       "holds it or add that folder to PYTHONPATH, and check the module's name.") from e
-    try:
-        obj = functools.reduce(getattr, attr.split("."), module)
-    except AttributeError:
-        raise FitError(f"{mod_name!r} has no {attr!r}. Fix: name a function defined in {mod_name} that returns "
-                       "an nn.Module (MODULE:BUILDER).") from None
-    if not callable(obj):
-        raise FitError(f"{spec} is a {type(obj).__name__}, not callable. Fix: name a function (or class) that "
-                       "returns an nn.Module.")
-    return obj
-
-
-def parse_shape(shape: str | Sequence[int], name: str = "input shape", min_dims: int = 2) -> tuple[int, ...]:
-    """``"8,1,512,512"`` or ``(8, 1, 512, 512)`` -> a tuple of positive ints, batch first."""
-    try:
-        if isinstance(shape, str):
-            dims = tuple(int(s) for s in shape.split(","))
-        else:
-            dims = tuple(shape)
-            if not all(isinstance(s, int) and not isinstance(s, bool) for s in dims):
-                raise ValueError
-    except (TypeError, ValueError):
-        raise FitError(f"{name} {shape!r} is not a list of whole numbers. Fix: write it batch first, "
-                       "e.g. 8,1,512,512 (batch, channels, height, width).") from None
-    if len(dims) < min_dims or any(s < 1 for s in dims):
-        raise FitError(f"{name} {dims}: needs at least {min_dims} sizes, each >= 1. Fix: write it batch first, "
-                       "e.g. 8,1,512,512 (batch, channels, height, width) or 4,1,256 (batch, channels, length).")
-    return dims
-
-
 def _loss_fn(loss: str | Callable) -> tuple[str, Callable]:
     if callable(loss):
         return getattr(loss, "__name__", "custom"), loss
@@ -164,169 +122,6 @@ def _loss_fn(loss: str | Callable) -> tuple[str, Callable]:
         raise FitError(f"unknown loss {loss!r}: known are {', '.join(LOSSES)}. Fix: pick one of them, or from "
                        "Python pass a callable, fit.fit(..., loss=my_loss, target_shape=..., n_classes=...).")
     return loss, LOSSES[loss]
-
-
-def _explain(exc: BaseException, what: str, input_shape: tuple[int, ...]) -> FitError:
-    """A FitError that says why the model could not run on fake tensors, and what to do."""
-    from torch._subclasses import fake_tensor as ft
-
-    text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-    data = (ft.DataDependentOutputException, ft.DynamicOutputShapeException)
-    if isinstance(exc, data) or "data-dependent" in str(exc) or ".numpy()" in str(exc) \
-            or "data_dependent" in type(exc).__name__.lower():
-        return FitError(f"{what} reads tensor values, which fake tensors do not have ({text}). {_DATA_FIX}")
-    if isinstance(exc, getattr(ft, "FakeTensorDeviceMismatchError", ())) or "cuda" in str(exc).lower():
-        return FitError(f"{what} needs a real CUDA device ({text}); the prediction runs on fake CPU tensors "
-                        f"with CUDA's rules. {_CUDA_FIX}")
-    return FitError(f"{what} failed on fake tensors of input shape {input_shape} ({text}). Fix: check that the "
-                    "input shape is what the model expects (batch first, then channels and sizes), or measure "
-                    "the step on a GPU with course_utils.memory.measure_step.")
-
-
-# --------------------------------------------------------------------------------------------
-# The model, built inside FakeTensorMode, and what the techniques change in it
-# --------------------------------------------------------------------------------------------
-def _refake(model: nn.Module) -> None:
-    """Parameters and buffers copied with ``copy.deepcopy`` inside ``FakeTensorMode`` (as
-    ``nn.TransformerEncoder`` copies its layer) belong to another fake mode, which the active one
-    refuses ("Mixing fake modes"): replace them by tensors of the active mode (values do not
-    matter; tied tensors stay tied)."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    mode = getattr(torch.empty(0), "fake_mode", None)
-    if mode is None:
-        return
-    new: dict[int, torch.Tensor] = {}
-    for m in model.modules():
-        for store in (m._parameters, m._buffers):
-            for name, t in list(store.items()):
-                if isinstance(t, FakeTensor) and t.fake_mode is not mode:
-                    if id(t) not in new:
-                        fresh = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype)
-                        if isinstance(t, nn.Parameter):
-                            fresh = nn.Parameter(fresh, requires_grad=t.requires_grad)
-                        new[id(t)] = fresh
-                    store[name] = new[id(t)]
-
-
-def _build(build: Callable[[], nn.Module]) -> nn.Module:
-    """``build()`` checked: an nn.Module, its fake tensors all of the active fake mode."""
-    try:
-        with warnings.catch_warnings():  # copy.deepcopy of fake parameters (nn.TransformerEncoder) warns
-            warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
-            model = build()
-    except FitError:
-        raise
-    except Exception as e:
-        raise _explain(e, "building the model", ()) from e
-    if not isinstance(model, nn.Module):
-        raise FitError(f"the builder returned a {type(model).__name__}, not an nn.Module. Fix: make it return "
-                       "the model (e.g. `def build(): return MyNet(...)`).")
-    _refake(model)
-    return model
-
-
-def _repeated(module: nn.Module) -> list[tuple[str, nn.Module]] | None:
-    """The elements of ``module`` if it is (or holds) a Sequential/ModuleList of composite modules."""
-    def composite(seq: nn.Module) -> list[tuple[str, nn.Module]] | None:
-        items = list(seq.named_children())
-        if isinstance(seq, (nn.Sequential, nn.ModuleList)) and items and \
-                all(list(m.children()) for _, m in items):
-            return items
-        return None
-
-    if (items := composite(module)) is not None:
-        return items
-    for name, child in module.named_children():
-        if (items := composite(child)) is not None and len(items) >= 2:
-            return [(f"{name}.{n}", m) for n, m in items]
-    return None
-
-
-def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The model's blocks (module path, module), in registration order: each top-level child
-    that has children of its own; a child that is, or holds, a Sequential/ModuleList of such
-    composite modules stands for its elements (ResNet's ``layer1.0``, ``layer1.1``;
-    ``encoder.layers.0`` ...). Single layers are not blocks."""
-    out = []
-    for name, child in model.named_children():
-        items = _repeated(child)
-        if items is not None:
-            out += [(f"{name}.{n}", m) for n, m in items]
-        elif list(child.children()):
-            out.append((name, child))
-    return out
-
-
-def _activation_modules(model: nn.Module) -> list[nn.Module]:
-    """Activation modules with an ``inplace`` switch (torch.nn.modules.activation)."""
-    return [m for m in model.modules()
-            if type(m).__module__ == "torch.nn.modules.activation" and isinstance(getattr(m, "inplace", None), bool)]
-
-
-#: selective checkpointing keeps these outputs (beside convolutions): matrix products and attention
-_MATMUL_NAMES = ("mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_flash_attention",
-                 "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
-                 "_scaled_dot_product_cudnn_attention")
-_MATMUL_OPS = {getattr(torch.ops.aten, n).default for n in _MATMUL_NAMES if hasattr(torch.ops.aten, n)}
-
-
-def save_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any):
-    """Selective-checkpointing policy: ``checkpointing.save_convolutions`` extended to matrix
-    products (``mm``, ``addmm``, ``bmm``, ``baddbmm``: linear layers, attention projections)
-    and fused attention: store their outputs, recompute everything else."""
-    from torch.utils.checkpoint import CheckpointPolicy
-
-    from .checkpointing import save_convolutions
-
-    if op in _MATMUL_OPS:
-        return CheckpointPolicy.MUST_SAVE
-    return save_convolutions(ctx, op, *args, **kwargs)
-
-
-def _checkpoint_forward(block: nn.Module, policy: Callable | None) -> None:
-    """``block``'s forward runs under ``checkpointing.checkpointed`` (its BatchNorms frozen in
-    the recomputation) whenever gradients are on; keyword arguments are passed through."""
-    from .checkpointing import checkpointed
-
-    forward = block.forward
-
-    def checkpointed_forward(*args: Any, **kwargs: Any) -> Any:
-        if not torch.is_grad_enabled():
-            return forward(*args, **kwargs)
-        return checkpointed(functools.partial(forward, **kwargs), *args, policy=policy, bn_scope=block)
-
-    block.forward = checkpointed_forward
-
-
-def _offload_forward(model: nn.Module) -> None:
-    from .checkpointing import offload_saved
-
-    forward = model.forward
-
-    def offloaded_forward(*args: Any, **kwargs: Any) -> Any:
-        with offload_saved(args[0]):
-            return forward(*args, **kwargs)
-
-    model.forward = offloaded_forward
-
-
-def variant(build: Callable[[], nn.Module], technique: str) -> Callable[[], nn.Module]:
-    """A builder of ``build()``'s model with ``technique`` applied to it (the model-changing
-    ones: ``inplace``, ``checkpoint-blocks``, ``selective``, ``offload``; others return it as is)."""
-    def built() -> nn.Module:
-        model = _build(build)
-        if technique == "inplace":
-            for m in _activation_modules(model):
-                m.inplace = True
-        elif technique in ("checkpoint-blocks", "selective"):
-            for _, block in blocks(model):
-                _checkpoint_forward(block, save_matmuls if technique == "selective" else None)
-        elif technique == "offload":
-            _offload_forward(model)
-        return model
-
-    return built
 
 
 # --------------------------------------------------------------------------------------------
@@ -363,18 +158,18 @@ def _probe(build: Callable[[], nn.Module], input_shape: tuple[int, ...], loss: s
             raise FitError(f"target shape {target_shape} and input shape {input_shape} have different batches. "
                            "Fix: give the target the input's batch as its first size.")
     with FakeTensorMode():
-        model = _build(build)
+        model = build_model(build)
         info = {"parameters": sum(p.numel() for p in model.parameters()),
                 "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
                 "blocks": [(n, sum(p.numel() for p in b.parameters())) for n, b in blocks(model)],
-                "activations": [type(m).__name__ for m in _activation_modules(model)],
-                "activations_off": [type(m).__name__ for m in _activation_modules(model) if not m.inplace]}
+                "activations": [type(m).__name__ for m in activation_modules(model)],
+                "activations_off": [type(m).__name__ for m in activation_modules(model) if not m.inplace]}
         x = torch.randn(input_shape)
         try:
             with torch.no_grad():
                 out = model(x)
         except Exception as e:
-            raise _explain(e, "the model's forward", input_shape) from e
+            raise explain_failure(e, "the model's forward", input_shape) from e
         if not isinstance(out, torch.Tensor):
             raise FitError(f"the model returns a {type(out).__name__}, not one tensor. Fix: wrap it so that forward "
                            "returns the logits the loss takes (e.g. `lambda: Wrapped(net)` taking out['out']).")
@@ -412,7 +207,7 @@ def _probe(build: Callable[[], nn.Module], input_shape: tuple[int, ...], loss: s
 @dataclass(frozen=True)
 class StepCost:
     flops: int  # FlopCounterMode: convolutions and matrix products, recomputation included
-    elementwise_bytes: int  # explorer.ElementwiseBytes: what the other ops read and write
+    elementwise_bytes: int  # cost.ElementwiseBytes: what the other ops read and write
     packed_bytes: int  # what save_on_cpu would copy to the host in forward (offload)
 
 
@@ -423,14 +218,9 @@ def step_cost(build: Callable[[], nn.Module], spec: StepSpec, batch: int,
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
-    from .amp_rules import autocast_rules
-    from .explorer import ElementwiseBytes, _SaveOnCpuMeter
-    from .memory import prime_optimizer
-    from .train import training_step
-
-    meter, counter = _SaveOnCpuMeter(), ElementwiseBytes()
+    meter, counter = SaveOnCpuMeter(), ElementwiseBytes()
     with FakeTensorMode(), autocast_rules("cuda" if autocast_dtype else None):
-        model = _build(build)
+        model = build_model(build)
         x = torch.randn(spec.input_shape(batch))
         y = (torch.randint(0, spec.n_classes, spec.target_shape(batch)) if spec.n_classes
              else torch.randn(spec.target_shape(batch)))
@@ -484,7 +274,7 @@ class FitReport:
     skipped: dict[str, str]
     by_module: Any  # pandas DataFrame
     usable: int  # bytes: the largest predicted peak the card holds
-    overheads: Any  # explorer.Overheads
+    overheads: Any  # budget.Overheads
     time_assumption: str
     blocks: list[tuple[str, int]]
 
@@ -496,8 +286,6 @@ class FitReport:
     def breakdown(self) -> dict[str, int]:
         """The plain step's peak by category (bytes): Parameter, Buffer, Gradient, Optstate,
         Activation, Temporary, Other (the input and target), Total."""
-        from .densenet import steady_state
-
         return _main_parts(steady_state(self.prediction.breakdown))
 
     @property
@@ -523,8 +311,6 @@ class FitReport:
             "time x baseline": round(r.seconds / base, 2), "note": r.note} for r in self.rows])
 
     def summary(self) -> str:
-        from .memory import mib
-
         b, p = self.breakdown, self.prediction
         lines = [f"{self.name}: input {tuple(self.input_shape)}, {self.parameters:,} parameters, "
                  f"loss {self.spec.loss_name} -> output {self.spec.output_shape}",
@@ -549,16 +335,12 @@ class FitReport:
         return "\n".join(lines)
 
     def _front(self) -> list[bool]:
-        from .explorer import pareto
-
         one = [r for r in self.rows if r.gpus == 1]
         front = dict(zip((r.technique for r in one), pareto([(r.seconds, r.card_needs) for r in one]), strict=True))
         return [front.get(r.technique, False) for r in self.rows]
 
     def plot(self, ax=None):
         """Stacked bars per technique (per GPU at the peak), the card's usable line."""
-        from .checkpointing import plot_breakdowns
-
         ax = plot_breakdowns({r.technique: r.breakdown for r in self.rows}, ax=ax,
                              title=f"{self.name}, batch {self.input_shape[0]}: predicted peak per GPU",
                              budget_mib=self.usable / 2**20,
@@ -627,9 +409,6 @@ class _Fitter:
     """One report's predictions and counts, each made once (cached per technique and batch)."""
 
     def __init__(self, build: Callable[[], nn.Module], spec: StepSpec, card_gib: float, time_card: Any):
-        from .densenet import usable_bytes
-        from .explorer import card, overheads
-
         self.build, self.spec, self.card_gib = build, spec, card_gib
         self.over = overheads()
         self.usable = usable_bytes(card_gib)
@@ -639,8 +418,6 @@ class _Fitter:
 
     def predict(self, key: str, batch: int):
         if (key, batch) not in self._preds:
-            from .memory import predict_step
-
             s = self.spec
             self._preds[key, batch] = predict_step(
                 variant(self.build, key), s.input_shape(batch), s.target_shape(batch), loss_fn=s.loss_fn,
@@ -704,8 +481,6 @@ def _where(prediction) -> tuple[str, str]:
 
 
 def _line(prediction, batch: int) -> tuple[int, float]:
-    from .densenet import batch_model
-
     bm = batch_model(prediction, batch)
     return bm.fixed, bm.per_sample
 
@@ -719,7 +494,7 @@ def fit(build: Callable[[], nn.Module] | str, input_shape: Sequence[int] | str =
     ``card_gib`` GiB. ``loss``: a name of ``LOSSES`` or a callable(logits, target); the target
     is class indices (cross-entropy, or ``n_classes`` given) of the output's shape without its
     class dim, else floats of the output's shape, unless ``target_shape`` says otherwise.
-    ``time_card``: the card the time estimates assume (``explorer.card``). See the module's
+    ``time_card``: the card the time estimates assume (``cost.card``). See the module's
     docstring for the method and its limits."""
     name = build if isinstance(build, str) else getattr(build, "__name__", type(build).__name__)
     build = resolve_builder(build)
@@ -735,7 +510,7 @@ def fit(build: Callable[[], nn.Module] | str, input_shape: Sequence[int] | str =
     except FitError:
         raise
     except Exception as e:
-        raise _explain(e, "the training step", input_shape) from e
+        raise explain_failure(e, "the training step", input_shape) from e
 
     rows: list[Row] = []
     skipped: dict[str, str] = {}
@@ -826,8 +601,6 @@ def _parallel_row(f: _Fitter, tech: str, info: dict[str, Any], batch: int, row: 
     """ddp-N / fsdp-N: the plain step at batch / N per GPU, plus what the parallel scheme holds."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from .parallel.data_parallel import ddp_bucket_bytes
-
     n = _gpus(tech)
     local = batch // n
     p = f.predict("baseline", local)
@@ -845,10 +618,9 @@ def _parallel_row(f: _Fitter, tech: str, info: dict[str, Any], batch: int, row: 
         row(tech, p.peak + buckets, b, (lb * n, ok), seconds,
             f"{local}/GPU on {n} GPUs; + {buckets / 2**20:,.1f} MiB DDP buckets")
         return
-    from .parallel.fsdp import fsdp_rank_memory
 
     with FakeTensorMode():
-        net = _build(f.build)
+        net = build_model(f.build)
         units = [m for _, m in blocks(net) if any(True for _ in m.parameters())]
         mem = fsdp_rank_memory(net, units, n, bytes_per_value=4)
         n_units = len(units)
@@ -875,7 +647,7 @@ def largest_batch(build: Callable[[], nn.Module] | str, input_shape: Sequence[in
                   loss: str | Callable = "cross_entropy", target_shape: Sequence[int] | None = None,
                   n_classes: int | None = None) -> int:
     """The largest batch whose plain step (fp32, Adam, steady state) fits a ``card_gib`` card:
-    predicted peak(b) <= ``densenet.usable_bytes(card_gib)`` and peak(b + 1) is not. The batch of
+    predicted peak(b) <= ``budget.usable_bytes(card_gib)`` and peak(b + 1) is not. The batch of
     ``input_shape`` is where the affine model starts; predictions at the guess (and b + 1) verify it."""
     rep = fit(build, input_shape, card_gib=card_gib, loss=loss, target_shape=target_shape,
               n_classes=n_classes, techniques=[])
@@ -900,7 +672,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--classes", type=int, default=None, help="number of classes (checked against the output)")
     parser.add_argument("--target-shape", default=None, help="target shape, batch first (default: from the output)")
     parser.add_argument("--techniques", default=None, help=f"comma-separated subset of {', '.join(TECHNIQUES)}")
-    parser.add_argument("--time-card", default=None, help="the card time is estimated for (explorer.CARDS)")
+    parser.add_argument("--time-card", default=None, help="the card time is estimated for (cost.CARDS)")
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:
@@ -908,7 +680,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rep = fit(args.builder, args.input, card_gib=args.card, loss=args.loss, n_classes=args.classes,
                   target_shape=args.target_shape, techniques=args.techniques, time_card=args.time_card)
-    except ValueError as e:  # a FitError, or e.g. an unknown --time-card (explorer.card names the choices)
+    except ValueError as e:  # a FitError, or e.g. an unknown --time-card (cost.card names the choices)
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(rep.summary())

@@ -22,7 +22,7 @@ Largest sides are multiples of 32 (DenseNet halves the image five times).
 summed into from the second micro-batch on, so *all* of them stay alive through every forward and
 backward: ``fixed`` holds the whole gradient instead of the part alive at the plain step's peak.
 
-**The card** is ``densenet.usable_bytes`` (``explorer.Overheads``): the card less the CUDA
+**The card** is ``budget.usable_bytes`` (``budget.Overheads``): the card less the CUDA
 context, divided by 1 + the slack for workspaces and the allocator -- the same stated assumptions
 (or GPU-measured figures) as every other budget of the course.
 """
@@ -39,6 +39,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from . import densenet as dn
+from .budget import fixed_bytes, steady_state, usable_bytes
+from .memory import predict_step
 
 #: the X-rays' own size (seed 004: "downsampling image to 512 x 512" from about 2000 x 2000)
 FULL_SIDE = 2000
@@ -103,8 +105,6 @@ class PixelModel:
 
 
 def _step(variant: str, precision: str, batch: int, side: int):
-    from .memory import predict_step
-
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}: choose one of {list(VARIANTS)}")
     if precision not in PRECISIONS:
@@ -118,8 +118,8 @@ def from_prediction(prediction, batch: int, side: int, variant: str = "", precis
                     seconds: float = 0.0) -> PixelModel:
     """``PixelModel`` from any ``predict_step`` result of seed 004's step at ``(batch, 1, side,
     side)`` (e.g. section 1's 512 x 512, batch 8)."""
-    b = dn.steady_state(prediction.breakdown)
-    fixed = dn.fixed_bytes(b)
+    b = steady_state(prediction.breakdown)
+    fixed = fixed_bytes(b)
     return PixelModel(variant=variant, precision=precision, fixed=fixed,
                       per_pixel=(b["Total"] - fixed) / (batch * side * side),
                       all_gradients=b["Parameter"], gradient_at_peak=b["Gradient"], side=side,
@@ -164,18 +164,18 @@ def peaks_table(models: dict[str, PixelModel], batches: Sequence[int] = (1, 2, 8
 
 def smallest_card(peak_bytes: float, cards: Sequence[float] = CARDS_GIB) -> float | None:
     """The smallest of ``cards`` (GiB) that holds a predicted peak of ``peak_bytes``
-    (``densenet.usable_bytes``: ``explorer.Overheads``), or None if none does."""
-    return next((c for c in cards if peak_bytes <= dn.usable_bytes(c)), None)
+    (``budget.usable_bytes``: ``budget.Overheads``), or None if none does."""
+    return next((c for c in cards if peak_bytes <= usable_bytes(c)), None)
 
 
 def sides_table(models: dict[str, PixelModel], cards: Sequence[float] = CARDS_GIB,
                 batch: int = dn.SEED004_BATCH, accumulate: bool = False):
     """The largest trainable side per technique (rows) and card (columns): ``batch`` images per
     step, or with ``accumulate`` one image per micro-batch (any effective batch). A card holds
-    ``densenet.usable_bytes`` of predicted peak (``explorer.Overheads``)."""
+    ``budget.usable_bytes`` of predicted peak (``budget.Overheads``)."""
     import pandas as pd
 
-    budgets = {c: dn.usable_bytes(c) for c in cards}
+    budgets = {c: usable_bytes(c) for c in cards}
     return pd.DataFrame({f"{c} GB": [m.largest_side(budgets[c], 1 if accumulate else batch, accumulate)
                                      for m in models.values()] for c in cards},
                         index=list(models))

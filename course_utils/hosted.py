@@ -26,6 +26,14 @@ import sys
 import zipfile
 from pathlib import Path
 
+from .allocator import caching_demo
+from .budget import overheads
+from .config import PRESETS
+from .explorer import PRECISIONS, Config, estimate
+from .limit_test import input_bytes, run_limit_test
+from .memory import GiB, MiB
+from .readme import replace_block
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "hosted-gpu.md"
 #: the website's copy of DOC (site/build.py publishes site/pages/*.md)
@@ -162,26 +170,18 @@ T4_TOTAL_GIB = 14.56
 
 def _unet_step() -> tuple[int, str]:
     """Seed 000's large U-Net, batch 2, one training step: the heaviest of its precisions."""
-    from .explorer import PRECISIONS, Config, estimate
-
     peaks = {p: estimate(Config(levels=5, precision=p, batch=2)).total for p in PRECISIONS}
     worst = max(peaks, key=peaks.get)
     return peaks[worst], f"seed 000's large U-Net, batch 2, {worst} (the heaviest precision)"
 
 
 def _limit_step() -> tuple[int, str]:
-    from .config import PRESETS
-    from .limit_test import run_limit_test
-
     n = max(PRESETS["full"].limit_test_ns)
     return run_limit_test(n).peak, f"seed 003's Conv3d net at N = {n}, fp32 (the full preset's largest N)"
 
 
 def _caching_demo() -> tuple[int, str]:
     import inspect
-
-    from .allocator import caching_demo
-    from .memory import MiB
 
     size = inspect.signature(caching_demo).parameters["mib_per_tensor"].default
     return 2 * size * MiB, f"the caching demo: two {size} MiB tensors (no training step)"
@@ -191,8 +191,6 @@ def _parallel_step() -> tuple[int, str]:
     """Notebooks 08-09 on two GPUs: their parallel runs use a small U-Net (notebook 09's GPU
     configuration: 3 levels, 16 channels, 32 x 64 x 64, global batch 8); the whole step on one
     GPU bounds what each of two ranks holds."""
-    from .explorer import Config, estimate
-
     cfg = Config(levels=3, base_channels=16, volume=(32, 64, 64), batch=8, precision="fp32", seed000=False)
     return estimate(cfg).total, "the parallel demos' U-Net (3 levels, 16 channels, 32x64x64, batch 8), whole step"
 
@@ -209,9 +207,6 @@ WORKLOADS = (
 def tiers(total_gib: float = T4_TOTAL_GIB) -> list[dict]:
     """One row per workload: its predicted peak, what a card needs for it (the explorer's
     ``Overheads``: CUDA context and slack) and whether a T4 holds it."""
-    from .explorer import overheads
-    from .memory import GiB, MiB
-
     over = overheads()
     rows = []
     for notebooks, fn, gpus in WORKLOADS:
@@ -226,8 +221,6 @@ def tiers(total_gib: float = T4_TOTAL_GIB) -> list[dict]:
 
 def render_tiers(total_gib: float = T4_TOTAL_GIB) -> str:
     """The markdown block of docs/hosted-gpu.md between ``<!-- BEGIN tiers -->`` and ``<!-- END tiers -->``."""
-    from .explorer import overheads
-
     rows = tiers(total_gib)
     lines = ["| notebooks | heaviest step at the full preset | predicted allocated | a card needs | "
              "on a T4 (%.2f GiB) | GPUs |" % total_gib, "|---|---|---:|---:|---|---|"]
@@ -246,9 +239,6 @@ def render_tiers(total_gib: float = T4_TOTAL_GIB) -> str:
               "; notebooks 08 and 09 run their two ranks on the CPU (gloo) and show the 2-GPU figures as recorded.",
               f"- **Two T4** (Kaggle's 'GPU T4 x2'): {'also' if two else 'not'} the NCCL parts of 08 and 09, "
               "one rank per card."]
-    from .config import PRESETS
-    from .limit_test import input_bytes
-    from .memory import GiB, MiB
 
     worst = max(rows, key=lambda r: r["card needs MiB"])
     n = max(PRESETS["full"].limit_test_ns)
@@ -285,8 +275,6 @@ def site_page(doc_text: str) -> str:
 
 def update_tiers(doc: Path = DOC, page: Path = SITE_PAGE) -> bool:
     """Rewrite the tiers block of ``doc`` and its copy ``page``; True if either changed."""
-    from .readme import replace_block
-
     text = doc.read_text(encoding="utf-8")
     new = replace_block(text, "tiers", render_tiers())
     changed = new != text or not page.exists() or page.read_text(encoding="utf-8") != site_page(new)

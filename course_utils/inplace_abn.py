@@ -33,6 +33,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .memory import saved_tensors
+
 #: at most this many channel groups are converted to fp32 at once for the statistics of an
 #: fp16/bf16 input: the transient fp32 copy is 1/8 of the input's elements, not all of them
 _STAT_CHUNKS = 8
@@ -258,8 +260,6 @@ def saved_by_producer(model: nn.Module, x: torch.Tensor, target: torch.Tensor | 
     import pandas as pd
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
-
-    from .memory import saved_tensors
 
     class _Producers(TorchDispatchMode):
         def __init__(self):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .memory import MiB, predict_step, require_cuda
+from .memory import MiB, measure_step, predict_step, require_cuda
 
 #: Seed 003's measurements (MB as read off nvidia-smi, CUDA context included): N -> (forward,
 #: backward); None = the run failed (OOM, or cuDNN had no 3D backward algorithm at that size).
@@ -103,8 +103,6 @@ def run_limit_test(n: int, device: str | torch.device | None = None, fake: bool 
     * otherwise: predicted for a CUDA GPU under FakeTensorMode (``fake=True``, any N in
       milliseconds), or measured with MemTracker on real CPU tensors (``fake=False``).
     """
-    from .memory import measure_step
-
     if isinstance(n, bool) or not isinstance(n, int) or n < 3:
         raise ValueError(f"N must be a whole number >= 3 (a 3x3x3 convolution's cube), got {n!r}")
     shape = (1, 1, n, n, n)

@@ -29,8 +29,21 @@ from typing import Any, Callable
 
 import torch
 
-from . import scaffold
+from . import allocator, budget, cost, scaffold
+from . import densenet as dn
+from . import explorer as ex
+from . import full_resolution as fr
+from .budget import batch_model, usable_bytes
+from .checkpointing import peak_change_pct
+from .compare import technique_table
+from .config import SEED000_VOLUME
 from .gpu_kit.plan import plan_table
+from .inplace_abn import bn_leaky_relu_inplace, inplace_abn
+from .limit_test import input_bytes, run_limit_test
+from .memory import GiB, largest_that_fits, predict_step
+from .parallel import per_replica_bn_errors
+from .tiling import largest_tiled_n
+from .unet import SEED000_CHECKPOINT_HEADLINE, bn_relu, bn_relu_inplace, predict_seed000_unet, seed000_unet
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ROOT / "results" / "figures.json"
@@ -62,18 +75,10 @@ def _pct(new: float, old: float) -> str:
 def _seed000_fp16(variant: str):
     """The predicted steady-state step of seed 000's net at full size in fp16, batch 2 (shared by
     the two headlines that read it)."""
-    from .config import SEED000_VOLUME
-    from .memory import predict_step
-    from .unet import seed000_unet
-
     return predict_step(lambda: seed000_unet(variant), (2, 1, *SEED000_VOLUME), n_classes=5, dtype=torch.float16)
 
 
 def _seed000_peaks() -> tuple[str, str]:
-    from . import allocator
-    from .config import SEED000_VOLUME
-    from .unet import seed000_unet
-
     out = []
     for v in ("large", "small"):
         p = _seed000_fp16(v)
@@ -94,8 +99,6 @@ def _seed000_param_share() -> tuple[str, str]:
 
 
 def _seed000_tables() -> tuple[str, str]:
-    from .unet import seed000_unet
-
     def resident(net) -> int:
         blocks = [-(-t.numel() * (8 if t.dtype == torch.int64 else 2) // 512) * 512
                   for t in [*net.parameters(), *net.buffers()]]
@@ -107,27 +110,17 @@ def _seed000_tables() -> tuple[str, str]:
 
 
 def _seed003_kept() -> tuple[str, str]:
-    from .limit_test import input_bytes, run_limit_test
-
     r = run_limit_test(350)
     return (f"{(r.saved - 2 * input_bytes(350)) / input_bytes(350):.0f} x the input (0.50 of naive)",
             "saved-tensor bytes, predicted, N = 350")
 
 
 def _seed003_largest() -> tuple[str, str]:
-    from .limit_test import run_limit_test
-    from .memory import GiB, largest_that_fits
-    from .tiling import largest_tiled_n
-
     n = largest_that_fits(lambda k: run_limit_test(k).peak <= 8 * GiB, start=16, limit=4096)
     return (f"{n} (whole step); {largest_tiled_n(8 * GiB)} in slabs (tiling)", "predicted, fp32")
 
 
 def _seed000_precision() -> tuple[str, str]:
-    from .compare import technique_table
-    from .config import SEED000_VOLUME
-    from .unet import seed000_unet
-
     b, lean = (lambda: seed000_unet("large")), (lambda: seed000_unet("large", lean_up=True))
     t = technique_table({"fp32": b, "fp16": b, "ac": b, "lean": lean}, (2, 1, *SEED000_VOLUME),
                         dtypes={"fp16": torch.float16}, autocast={"ac": torch.float16, "lean": torch.float16})
@@ -137,10 +130,6 @@ def _seed000_precision() -> tuple[str, str]:
 
 
 def _seed002_inplace() -> tuple[str, str]:
-    from .compare import technique_table
-    from .config import SEED000_VOLUME
-    from .unet import bn_relu, bn_relu_inplace, seed000_unet
-
     out = {}
     for v in ("large", "small"):
         t = technique_table({"plain": lambda v=v: seed000_unet(v, norm_act=bn_relu),
@@ -152,11 +141,6 @@ def _seed002_inplace() -> tuple[str, str]:
 
 
 def _seed002_abn() -> tuple[str, str]:
-    from .compare import technique_table
-    from .config import SEED000_VOLUME
-    from .inplace_abn import bn_leaky_relu_inplace, inplace_abn
-    from .unet import seed000_unet
-
     # notebook 06's baseline: the same activation, in place (seed 002 asks about in-place
     # activations; out of place, LeakyReLU saves its input and the comparison flatters In-Place ABN)
     t = technique_table({"BN + LeakyReLU(inplace=True)": lambda: seed000_unet("large", norm_act=bn_leaky_relu_inplace),
@@ -167,8 +151,6 @@ def _seed002_abn() -> tuple[str, str]:
 
 
 def _seed004_checkpointing() -> tuple[str, str]:
-    from .checkpointing import SEED000_CHECKPOINT_HEADLINE, peak_change_pct, predict_seed000_unet
-
     # notebook 07's configuration (autocast fp16 + lean Up), through the same function
     peaks = {k: predict_seed000_unet(**kw).peak for k, kw in SEED000_CHECKPOINT_HEADLINE.items()}
     p = peak_change_pct(peaks)
@@ -177,13 +159,11 @@ def _seed004_checkpointing() -> tuple[str, str]:
 
 
 def _seed004_densenet() -> tuple[str, str]:
-    from . import densenet as dn
-
     out = {}
     for name, kw in (("naive", {}), ("memory-efficient", {"memory_efficient": True})):
         pred = dn.predict_seed004(lambda kw=kw: dn.densenet169(**kw))
-        out[name] = dn.batch_model(pred)
-    six, eight = dn.usable_bytes(6), dn.usable_bytes(8)
+        out[name] = batch_model(pred, dn.SEED004_BATCH)
+    six, eight = usable_bytes(6), usable_bytes(8)
     return (f"batch 8 at 512^2, fp32: {_mib(out['naive'].peak(8))} MiB; largest batch on a 6 GB card "
             f"{out['naive'].largest_batch(six)} naive -> {out['memory-efficient'].largest_batch(six)} "
             f"memory-efficient (8 GB: {out['naive'].largest_batch(eight)} -> "
@@ -192,9 +172,6 @@ def _seed004_densenet() -> tuple[str, str]:
 
 
 def _seed004_full_resolution() -> tuple[str, str]:
-    from . import full_resolution as fr
-    from .densenet import usable_bytes
-
     naive, best = fr.pixel_model("naive"), fr.pixel_model("memory-efficient + per block", "autocast fp16")
     side, gib = fr.FULL_SIDE, 2**30
 
@@ -215,8 +192,6 @@ def _seed004_full_resolution() -> tuple[str, str]:
 def _seed004_data_parallel() -> tuple[str, str]:
     from dataclasses import replace
 
-    from . import explorer as ex
-
     one = ex.estimate(ex.Config(batch=8))
     eight = ex.estimate(replace(ex.Config(batch=8), dp_ranks=8))
     return (f"{_mib(one.total)} MiB on 1 GPU -> {_mib(eight.total)} MiB per GPU on 8",
@@ -224,8 +199,6 @@ def _seed004_data_parallel() -> tuple[str, str]:
 
 
 def _seed004_bn() -> tuple[str, str]:
-    from .parallel import per_replica_bn_errors
-
     errors = per_replica_bn_errors(range(8))
     return (f"{100 * min(errors):.0f}-{100 * max(errors):.0f} % relative gradient error with per-replica "
             "BatchNorm, 2 replicas, 8 seeds; cross-replica BatchNorm: equal to one process",
@@ -234,8 +207,6 @@ def _seed004_bn() -> tuple[str, str]:
 
 def _capstone() -> tuple[str, str]:
     from dataclasses import replace
-
-    from . import explorer as ex
 
     base = ex.Config()
     safe = ex.all_combinations(base, precisions=["fp32", "autocast_fp16"], lean_up=(False, True))
@@ -246,14 +217,14 @@ def _capstone() -> tuple[str, str]:
     top = max(frontier, key=lambda c: (ex.estimate(c).largest_batch, -ex.step_cost(replace(c, batch=8)).seconds))
     n_top = ex.estimate(top).largest_batch
     # the winner's room under the assumed context, and its answer under the context seed 000 implies
-    assumed, seed = (ex.margin(replace(top, batch=n_top), o) for o in (ex.overheads(), ex.seed000_overheads()))
+    assumed, seed = (ex.margin(replace(top, batch=n_top), o) for o in (budget.overheads(), budget.seed000_overheads()))
     return (f"{ex.estimate(base).largest_batch} (fp16 model, as seed 000) -> {ex.estimate(best).largest_batch} "
             f"({best.describe()}) -> {n_top} ({top.describe()}; margin {assumed['margin MiB']:,} MiB "
             f"({assumed['margin % of card']:.1f} % of the card) under a {assumed['context MiB']:,} MiB context, "
             f"{seed[f'largest batch in {top.budget_gib} GiB']} under the {seed['context MiB']:,} MiB seed 000 "
             f"implies; estimated {ex.step_cost(replace(top, batch=8)).seconds:.2f} s per step at batch 8 on an "
-            f"{ex.DEFAULT_CARD} vs {ex.step_cost(replace(best, batch=8)).seconds:.2f} s)",
-            f"predicted for an 8 GiB card (context + slack included: {ex.overheads().source.split(':')[0]}); "
+            f"{cost.DEFAULT_CARD} vs {ex.step_cost(replace(best, batch=8)).seconds:.2f} s)",
+            f"predicted for an 8 GiB card (context + slack included: {budget.overheads().source.split(':')[0]}); "
             "time estimated from spec-sheet rates (notebook 10)")
 
 

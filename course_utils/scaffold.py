@@ -35,6 +35,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .markdown import links
+
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 NAME = re.compile(r"(\d\d)_[a-z0-9]+(?:_[a-z0-9]+)*\.ipynb")
@@ -219,24 +221,10 @@ def check_timings(root: Path = ROOT) -> list[str]:
     return out
 
 
-LINK = re.compile(r"\]\(([^)\s]+)\)")
-CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
-
-
 def _markdown(path: Path) -> list[str]:
     if path.suffix == ".ipynb":
         return [_source(c) for c in _cells(path) if c["cell_type"] == "markdown"]
     return [path.read_text(encoding="utf-8")]
-
-
-def links(text: str) -> list[str]:
-    """The relative link targets of a markdown text (code spans and blocks skipped), anchors cut."""
-    out = []
-    for m in LINK.finditer(CODE.sub("", text)):
-        target = m.group(1)
-        if not re.match(r"[a-z]+:", target) and not target.startswith("#"):
-            out.append(target.split("#", 1)[0])
-    return out
 
 
 def check_links(root: Path = ROOT) -> list[str]:
@@ -422,8 +410,6 @@ def _link_from_previous(root: Path, prev: Entry, new: Entry, new_title: str) -> 
 def scaffold(nn: str, title_text: str | None = None, root: Path = ROOT, timings: bool = True) -> list[str]:
     """Create what notebook ``nn`` lacks (all of it for a new notebook, which needs ``title_text``);
     returns what was done, one line each."""
-    from .grading.generate import exercise_text
-
 
     if not re.fullmatch(r"\d\d", nn):
         raise ValueError(f"the number must have two digits, e.g. 11, not {nn!r}")
@@ -466,6 +452,9 @@ def scaffold(nn: str, title_text: str | None = None, root: Path = ROOT, timings:
             (root / rel).write_text(_fill((TEMPLATES / template).read_text(), values, template))
             done.append(f"wrote {rel}")
     if not (root / entry.exercise).exists() or f"wrote {entry.solution}" in done:
+        # lazy: grading.generate imports nbformat (1.5 CPU-s), paid only when an exercise is written
+        from .grading.generate import exercise_text
+
         (root / entry.exercise).write_text(exercise_text(root / entry.solution))
         done.append(f"wrote {entry.exercise} (generated from the solution)")
     readme = root / "README.md"

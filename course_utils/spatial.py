@@ -47,9 +47,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .limit_test import LimitTestNet
 from .memory import SavedTensorMeter, default_dtype
-from .parallel import compared
 from .numerics import normalise, update_running_stats, uses_batch_stats
+from .parallel import compared
 from .tiling import ConvChain, Tile, TilingError, conv_chain, region, run_chain
 
 #: bytes sent by this process, per direction of the pass (reset by spatial_worker)
@@ -131,7 +132,7 @@ def conv_with_halos(conv_fn: Callable, m: nn.Module, x: torch.Tensor, r: int, di
     return torch.cat([first, conv(x), last], dim)
 
 
-def _all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     """Differentiable sum over ranks (its backward sums the gradients over ranks too)."""
     from torch.distributed._functional_collectives import all_reduce
 
@@ -146,7 +147,7 @@ def _global_norm(stats_log: list):
         dims = [0, *range(2, own_a.dim())]
         c = own_a.shape[1]
         n = torch.full((1,), own_a.numel() // c, dtype=a.dtype, device=a.device)
-        s = _all_reduce_sum(torch.cat([own_a.sum(dims), (own_a * own_a).sum(dims), n]))
+        s = all_reduce_sum(torch.cat([own_a.sum(dims), (own_a * own_a).sum(dims), n]))
         count = s[-1]
         mean = s[:c] / count
         var = s[c:2 * c] / count - mean * mean
@@ -215,8 +216,6 @@ def build_spatial_net(config: dict) -> nn.Module:
     """The nets the demos and tests use, identically initialised on every rank:
     ``limit`` = seed 003's LimitTestNet, ``plain`` = a conv stack with a 5x5x5 and a dilated
     convolution, ``bn`` = conv-BN-ReLU twice, then a conv."""
-    from .limit_test import LimitTestNet
-
     name = config.get("net", "limit")
     if name not in NETS:
         raise ValueError(f"net must be one of {NETS}, got {name!r}")

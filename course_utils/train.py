@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .config import resolve_device
 from .data import N_CLASSES
 
 
@@ -127,8 +128,6 @@ def train(
     """Train for ``steps`` steps, cycling over ``batches`` (a DataLoader, a list, or a generator,
     read lazily); Adam, fixed lr."""
     from tqdm.auto import tqdm
-
-    from .config import resolve_device
 
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a whole number >= 1, got {steps!r}")

@@ -24,7 +24,10 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-from .checkpointing import checkpointed, offload_saved
+
+from .checkpointing import checkpointed, offload_saved, save_convolutions
+from .config import SEED000_VOLUME
+from .memory import predict_step
 
 #: builds the normalisation + activation that follows each convolution, for ``channels`` channels.
 NormAct = Callable[[int], Sequence[nn.Module]]
@@ -328,6 +331,21 @@ def seed000_unet(variant: str = "large", **kwargs) -> UNet3D:
     if variant not in SEED000_VARIANTS:
         raise ValueError(f"unknown variant {variant!r}: use one of {sorted(SEED000_VARIANTS)}")
     return UNet3D(n_classes=5, in_channels=1, **SEED000_VARIANTS[variant], **kwargs)
+
+
+#: notebook 07's U-Net variants of README's checkpointing figure (keyword arguments of UNet3D)
+SEED000_CHECKPOINT_HEADLINE = {"none": {}, "level": dict(checkpoint="level"),
+                               "selective": dict(checkpoint="level", checkpoint_policy=save_convolutions)}
+
+
+def predict_seed000_unet(lean_up: bool = True, **unet_kwargs):
+    """``predict_step`` of seed 000's large U-Net at full size (batch 2, 26 x 150 x 320, 5
+    classes, Adam, steady state) under CUDA's autocast fp16 rules, with ``lean_up`` (default
+    True): the one configuration of notebook 07's granularity table and of README's
+    checkpointing figure. ``unet_kwargs`` go to ``seed000_unet`` (``checkpoint=...``)."""
+    return predict_step(lambda: seed000_unet("large", lean_up=lean_up, **unet_kwargs),
+                        (2, 1, *SEED000_VOLUME), n_classes=5, autocast_dtype=torch.float16,
+                        module_peaks=False)
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = True) -> int:

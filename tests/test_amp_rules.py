@@ -181,14 +181,14 @@ def test_lean_up_computes_the_same_and_saves_memory_only_under_autocast():
 
 @pytest.fixture(scope="module")
 def real_kernels():
-    """``python -m course_utils.amp_rules --json`` in a process of its own: fake CUDA tensors run
+    """``python -m course_utils.amp_check --json`` in a process of its own: fake CUDA tensors run
     the installed torch's real AutocastCUDA kernels (a CUDA device guard, if one were reached on
     this CPU build, would abort the process, not raise)."""
     import json
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-m", "course_utils.amp_rules", "--json"],
+    run = subprocess.run([sys.executable, "-m", "course_utils.amp_check", "--json"],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout)["nets"]

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from course_utils import scaffold
+from course_utils import markdown, scaffold
 from course_utils.grading.registry import MODULES, exercise
 
 CHECKS = [scaffold.check_files, scaffold.check_tables, scaffold.check_timings, scaffold.check_links]
@@ -112,4 +112,4 @@ def test_broken_and_missing_links_are_named(course):
     assert "notebooks/02_measure_memory_with_hooks.ipynb: the link (03_limit.ipynb) leads to no file" in found
     assert "notebooks/02_measure_memory_with_hooks.ipynb: no link to the next notebook: add `**Next:** [03 · " in found
     assert "notebooks/02_measure_memory_with_hooks.ipynb: no link to its exercise" in found
-    assert scaffold.links("see `f(...)` and [x](a.md#part), [y](https://e.org), [z](#top)") == ["a.md"]
+    assert markdown.links("see `f(...)` and [x](a.md#part), [y](https://e.org), [z](#top)") == ["a.md"]

@@ -9,9 +9,10 @@ import torch
 from torch import nn
 
 from course_utils.densenet import (
-    CARDS_GIB, DENSENET169, TORCHVISION_DENSENET169_PARAMS, DenseNet, batch_model, densenet169,
-    parameter_count, predict_seed004, steady_state, usable_bytes,
+    CARDS_GIB, DENSENET169, SEED004_BATCH, TORCHVISION_DENSENET169_PARAMS, DenseNet, densenet169,
+    parameter_count, predict_seed004,
 )
+from course_utils.budget import batch_model, steady_state, usable_bytes
 from course_utils.memory import predict_step
 from course_utils.unet import count_parameters
 
@@ -82,8 +83,8 @@ def test_seed004_runs_out_of_memory_at_batch_8_and_the_techniques_fix_it():
     """DenseNet-169, batch 8, 512 x 512, fp32, Adam: the predicted peak does not fit a 6 GB card
     (after the stated context and workspace allowance); the memory-efficient net does, with room
     for more than 1.5 times the batch."""
-    naive = batch_model(predict_seed004(densenet169))
-    eff = batch_model(predict_seed004(lambda: densenet169(memory_efficient=True)))
+    naive = batch_model(predict_seed004(densenet169), SEED004_BATCH)
+    eff = batch_model(predict_seed004(lambda: densenet169(memory_efficient=True)), SEED004_BATCH)
     six = usable_bytes(CARDS_GIB["6 GB (GTX 1060 / RTX 2060)"])
     assert naive.peak(8) > six and naive.largest_batch(six) < 8
     assert eff.peak(8) < 0.5 * naive.peak(8)

@@ -165,7 +165,7 @@ def test_frontier_switches_build_the_right_net_and_cost_time():
 
 
 def test_pareto():
-    from course_utils.explorer import pareto
+    from course_utils.cost import pareto
 
     points = [(1.0, 10.0), (2.0, 5.0), (2.5, 6.0), (3.0, 1.0), (1.0, 12.0)]
     assert pareto(points) == [True, True, False, True, False]

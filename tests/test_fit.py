@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils import fit
+from course_utils import fit, fit_model
 from course_utils.fit_examples import conv1d_net, resnet18_2d, vit_tiny
 from course_utils.memory import predict_step
 
@@ -97,7 +97,7 @@ def test_saved_bytes_by_module_match_a_hand_count(conv_rep):
                                                   (lambda: vit_tiny(image=16, dim=48, depth=1), (2, 3, 16, 16), (2,))])
 def test_fake_prediction_equals_real_cpu_tensors(build, shape, target):
     """The course's second method: the same step on real CPU tensors, CPU rules, same figures."""
-    b = fit.variant(build, "baseline")
+    b = fit_model.variant(build, "baseline")
     fake = predict_step(b, shape, target, n_classes=5 if len(shape) == 3 else 10, target="cpu", module_peaks=False)
     real = predict_step(b, shape, target, n_classes=5 if len(shape) == 3 else 10, fake=False, target="cpu",
                         module_peaks=False)
@@ -119,7 +119,7 @@ def test_technique_directions(conv_rep):
 
 
 def test_largest_batch_is_the_boundary(conv_rep):
-    from course_utils.densenet import usable_bytes
+    from course_utils.budget import usable_bytes
 
     b = conv_rep.rows[0].largest_batch
     usable = usable_bytes(1)

@@ -7,6 +7,7 @@ import torch
 
 from course_utils import densenet as dn
 from course_utils import full_resolution as fr
+from course_utils.budget import steady_state, usable_bytes
 from course_utils.memory import predict_step
 
 TINY = dict(growth_rate=8, block_config=(2, 3, 2, 2), num_init_features=16, bn_size=2)
@@ -24,7 +25,7 @@ def line():
 
 def test_the_line_through_batch_1_predicts_another_batch_and_size(line):
     # the notebook's check, on a small DenseNet: a line drawn at (1, 256^2) lands on (4, 128^2)
-    direct = dn.steady_state(_tiny_prediction(4, 128).breakdown)["Total"]
+    direct = steady_state(_tiny_prediction(4, 128).breakdown)["Total"]
     assert abs(line.peak(4, 128) / direct - 1) < 0.01
     # and the line is not trivially right: leaving out the fixed part misses it
     assert abs((line.peak(4, 128) - line.fixed) / direct - 1) > 0.01
@@ -93,8 +94,8 @@ def test_readme_only_recomputes_the_rows_it_names():
 
 
 def test_smallest_card_is_the_first_that_holds_the_peak():
-    # the card model is densenet.usable_bytes (explorer.Overheads), as in every budget of the course
-    sixteen = dn.usable_bytes(16)
+    # the card model is budget.usable_bytes (budget.Overheads), as in every budget of the course
+    sixteen = usable_bytes(16)
     assert fr.smallest_card(sixteen) == 16
     assert fr.smallest_card(sixteen + 1) == 24
-    assert fr.smallest_card(dn.usable_bytes(80) + 1) is None
+    assert fr.smallest_card(usable_bytes(80) + 1) is None

@@ -191,7 +191,7 @@ def test_submissions_import_what_pythonpath_installed_but_never_the_course(tmp_p
     # a GPU machine without network gets nbformat & co. with pip install --target and PYTHONPATH
     # (docs/teaching.md); the grader's processes must see them -- `make test-compat` found every
     # submission ending at startup -- but not the checkout's course_utils, which holds the answers
-    from course_utils.grading import grade as grade_module
+    from course_utils.grading import grader as grade_module
 
     site = tmp_path / "site"
     site.mkdir()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from course_utils.grading import grade, limits
-from course_utils.grading.grade import _load_observation, _read_json
+from course_utils.grading.grader import _load_observation, _read_json
 
 CONTAIN = Path(grade.__file__).with_name("contain.py")
 CONTAINED = sys.platform.startswith("linux") and grade.containment()[0]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from course_utils import hosted
-from course_utils.scaffold import links
+from course_utils.markdown import links
 
 ROOT = Path(__file__).resolve().parent.parent
 

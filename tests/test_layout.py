@@ -6,7 +6,9 @@ import ast
 import importlib
 import inspect
 import pkgutil
+import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,7 +54,7 @@ def _refused():
 
 
 def test_the_sandbox_strips_every_refused_object_from_the_file_it_lives_in():
-    from course_utils.grading.grade import Grader
+    from course_utils.grading.grader import Grader
 
     grader = Grader()
     try:
@@ -101,7 +103,6 @@ def test_the_installed_package_includes_every_subpackage():
 def test_the_package_docstring_lists_every_module():
     """course_utils' docstring is the map a new teacher reads first: a module it leaves out is
     one they will not find."""
-    import re
 
     listed = set()
     for line in course_utils.__doc__.splitlines():
@@ -119,7 +120,6 @@ def test_importing_course_utils_leaves_memtracker_for_first_use():
     CPU measured on the 2-core machine. ``MemoryLog`` still resolves, to hook_table's class, on first
     use (PEP 562 ``__getattr__`` in ``course_utils`` and ``course_utils.memory``)."""
     import subprocess
-    import sys
 
     heavy = ("torch._dynamo", "torch.distributed._tools.mem_tracker")
     code = ("import sys, course_utils, course_utils.grading.grade, course_utils.grading.sandbox, "
@@ -135,3 +135,155 @@ def test_importing_course_utils_leaves_memtracker_for_first_use():
                        cwd=Path(__file__).resolve().parents[1])
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["[]", "True"], r.stdout
+
+
+# --------------------------------------------------------------------------------------------
+# Layers: the package docstring's "Layer N" lists are the rule, every import is checked against it
+# --------------------------------------------------------------------------------------------
+def _layers() -> dict[str, int]:
+    """{module or subpackage: its layer}, read from course_utils' docstring ("Layer N -- ..."
+    headings, "* ``name`` -- ..." lines under them); the package itself re-exports layers 1-4."""
+
+    layer, out = 0, {"course_utils": 4}
+    for line in course_utils.__doc__.splitlines():
+        heading = re.match(r"Layer (\d+) -- ", line)
+        if heading:
+            layer = int(heading.group(1))
+        elif layer and line.startswith("* ") and " -- " in line:
+            out.update({name: layer for name in re.findall(r"``(\w+)``", line[2:].split(" -- ")[0])})
+    return out
+
+
+def _module_name(path: Path) -> str:
+    parts = ("course_utils", *path.relative_to(PACKAGE_DIR).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _course_imports():
+    """(file, line, importer, imported module, names, lazy) for every import of a course module in
+    the package: relative or absolute, at module level or inside a function (``lazy``)."""
+    modules = {_module_name(p) for p in PACKAGE_DIR.rglob("*.py") if "templates" not in p.parts}
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        if "templates" in path.parts:
+            continue
+        me = _module_name(path)
+        tree = ast.parse(path.read_text())
+        inside = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [(a.name, ()) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    package = me.split(".") if path.name == "__init__.py" else me.split(".")[:-1]
+                    base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+                targets = [(f"{base}.{a.name}", ()) if f"{base}.{a.name}" in modules else (base, (a.name,))
+                           for a in node.names]
+            else:
+                continue
+            for target, names in targets:
+                while target not in modules and "." in target:
+                    target = target.rsplit(".", 1)[0]
+                if target in modules and target != me:
+                    yield path, node.lineno, me, target, names, id(node) in inside
+
+
+def _unit(module: str) -> str:
+    """The docstring's name for a module: its top-level module or subpackage."""
+    return module.split(".")[1] if "." in module else module
+
+
+def test_no_module_imports_from_a_higher_layer():
+    layers = _layers()
+    wrong = []
+    for path, line, me, target, _, _ in _course_imports():
+        mine, theirs = layers[_unit(me)], layers[_unit(target)]
+        if theirs > mine:
+            wrong.append(f"{path.relative_to(PACKAGE_DIR.parent)}:{line}: {me} (layer {mine}) imports {target} "
+                         f"(layer {theirs})")
+    assert not wrong, ("an import goes up the layers of course_utils/__init__.py's docstring -- move the shared "
+                       "code down to a layer both can import, or move the importer up:\n" + "\n".join(wrong))
+
+
+def test_no_import_cycle_among_modules_lazy_imports_included():
+    graph: dict[str, set[str]] = {}
+    for _, _, me, target, _, _ in _course_imports():
+        graph.setdefault(me, set()).add(target)
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node, path):
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt] if nxt in path else [node, nxt]
+            if nxt not in state and (cycle := visit(nxt, [*path, nxt])):
+                return cycle
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start, [start])):
+            raise AssertionError("import cycle: " + " -> ".join(cycle) + " (give the shared code one owner "
+                                 "in a lower layer; a function-level import does not break a cycle)")
+
+
+def test_a_function_level_import_says_why_it_waits():
+    unexplained = []
+    for path, line, me, target, _, lazy in _course_imports():
+        lines = path.read_text().splitlines()
+        if lazy and "# lazy:" not in lines[line - 1] and "# lazy:" not in lines[line - 2]:
+            unexplained.append(f"{path.relative_to(PACKAGE_DIR.parent)}:{line}: {me} imports {target}")
+    assert not unexplained, ("import these at the top of the module, or say on the line above why the import "
+                             "waits ('# lazy: <what it costs>'):\n" + "\n".join(unexplained))
+
+
+def test_no_private_name_crosses_a_module_boundary():
+    """A private name (``_x``) is its module's own (or its subpackage's): one that another module
+    imports is a public name without the promise, so it is made public or the code moves."""
+    crossing = []
+    for path, line, me, target, names, _ in _course_imports():
+        own_package = "." in me[len("course_utils."):] and _unit(me) == _unit(target)
+        for name in names:
+            if name.startswith("_") and not name.startswith("__") and not own_package:
+                crossing.append(f"{path.relative_to(PACKAGE_DIR.parent)}:{line}: {me} imports {target}.{name}")
+    assert not crossing, "make the name public where it is shared, or move the code:\n" + "\n".join(crossing)
+
+
+def test_the_layer_checks_catch_what_they_are_for(tmp_path, monkeypatch):
+    """The four checks above fail on a package that breaks each rule (a copy with one bad module)."""
+
+    copy = tmp_path / "course_utils"
+    shutil.copytree(PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "config.py").write_text((copy / "config.py").read_text()
+                                    + "\n\ndef _f():\n    from .explorer import Config\n    return Config\n")
+    (copy / "cost.py").write_text((copy / "cost.py").read_text() + "\nfrom .memory.predict import _check_builder\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE_DIR", copy)
+    for check, expected in ((test_no_module_imports_from_a_higher_layer, "course_utils.config (layer 1) imports "
+                             "course_utils.explorer"),
+                            (test_a_function_level_import_says_why_it_waits, "config.py"),
+                            (test_no_private_name_crosses_a_module_boundary, "_check_builder"),
+                            (test_no_import_cycle_among_modules_lazy_imports_included, "import cycle")):
+        with pytest.raises(AssertionError, match=re.escape(expected)):
+            check()
+
+
+def test_modules_and_functions_stay_readable():
+    """A module over 800 lines holds more than one concern; a function body over 80 lines (its
+    docstring aside) more than one step: split them (CONTRIBUTING.md, "Where code goes")."""
+    long_modules, long_functions = [], []
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        if "templates" in path.parts:
+            continue
+        text = path.read_text()
+        name = path.relative_to(PACKAGE_DIR.parent)
+        if text.count("\n") > 800:
+            long_modules.append(f"{name}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+                if body and body[-1].end_lineno - body[0].lineno + 1 > 80:
+                    long_functions.append(f"{name}:{node.lineno} {node.name}: "
+                                          f"{body[-1].end_lineno - body[0].lineno + 1} lines")
+    assert not long_modules, "split these modules (one concern each):\n" + "\n".join(long_modules)
+    assert not long_functions, "split these functions into named steps:\n" + "\n".join(long_functions)

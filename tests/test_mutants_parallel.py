@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from course_utils import UNet3D
+from course_utils.parallel.launcher import _diagnose, _RunEnd
 from course_utils.parallel import (
-    LaunchError, _diagnose, pipeline_layouts, relative_error, stage_parameters,
+    LaunchError, pipeline_layouts, relative_error, stage_parameters,
 )
 
 
@@ -19,8 +20,8 @@ def test_a_rank_that_lost_its_peer_is_not_blamed_even_if_it_ended_first(tmp_path
                                   "[gloo/transport/tcp/pair.cc:534] Connection closed by peer"},
         1: {"ok": False, "error": "Traceback (most recent call last):\nValueError: a bad shape"},
     }
-    err = _diagnose("w", str(tmp_path), records, codes={0: 1, 1: 1}, ended={0: 1.0, 1: 2.0},
-                    stopped=set(), stacks={}, timed_out=False, timeout_s=180, collective_timeout_s=60)
+    err = _diagnose(_RunEnd("w", str(tmp_path), records, codes={0: 1, 1: 1}, ended={0: 1.0, 1: 2.0},
+                            stopped=set(), stacks={}, timed_out=False, timeout_s=180, collective_timeout_s=60))
     assert isinstance(err, LaunchError) and err.rank == 1
     assert err.cause == "ValueError: a bad shape"
     assert err.ranks[0] == "failed as a consequence (a peer closed its connection)"

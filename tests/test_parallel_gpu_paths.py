@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from course_utils import parallel
+from course_utils.parallel import launcher
 from course_utils.parallel import (
     CrossReplicaBatchNorm3d, OpTimer, backend_for, build_net, launch_many, norm_worker, relative_error,
     source_worker, split_and_reference, torchrun_backend,
@@ -75,7 +76,7 @@ def test_launch_sets_the_device_before_init_and_passes_it(monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "1")
     with pytest.raises(_Stop):
-        parallel._init(1, 2, 29500)
+        launcher._init(1, 2, 29500)
     assert calls == [("set_device", torch.device("cuda", 1)), ("init", "nccl", torch.device("cuda", 1))]
 
 

@@ -17,7 +17,7 @@ import nbformat
 import pytest
 
 from course_utils.grading.release import ROOT, check_release, nbgrader_course, release
-from course_utils.scaffold import CODE, links
+from course_utils.markdown import CODE, links
 
 MAKE = shutil.which("make")
 TARGETS = {"install", "lab", "test", "check", "clean"}

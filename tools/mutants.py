@@ -167,10 +167,10 @@ MUTANTS += [
     M("predict-adam-is-sgd", MEM_PREDICT,
       "        return torch.optim.Adam(model.parameters(), lr=1e-3, foreach=foreach)",
       "        return torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, foreach=foreach)",
-      "_make_optimizer builds SGD with momentum for 'adam' (one state tensor instead of two)"),
+      "make_optimizer builds SGD with momentum for 'adam' (one state tensor instead of two)"),
     M("predict-no-foreach", MEM_PREDICT,
-      "        opt = _make_optimizer(optimizer, model, foreach=target == \"cuda\")",
-      "        opt = _make_optimizer(optimizer, model, foreach=False)",
+      "        opt = make_optimizer(optimizer, model, foreach=target == \"cuda\")",
+      "        opt = make_optimizer(optimizer, model, foreach=False)",
       "predict_step for CUDA uses the single-tensor Adam, not CUDA's default foreach one "
       "(different temporaries in the optimizer step)"),
     M("predict-no-optimizer-step", MEM_LOG,

@@ -36,11 +36,12 @@ from typing import Any, Callable, Iterator
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .. import allocator, explorer as ex
+from .. import allocator
+from .. import explorer as ex
 from ..amp_rules import autocast_rules
 from ..benchmark import configs
 from ..limit_test import LimitTestNet
-from ..memory import MiB, OpTransients, LiveBytesStats, LiveBytes, measure_step, op_memory_step, predict_step
+from ..memory import LiveBytes, LiveBytesStats, MiB, OpTransients, measure_step, op_memory_step, predict_step
 from ..unet import UNet3D
 
 #: name -> the backends' switches it sets (anything not named keeps PyTorch's default)

@@ -219,7 +219,7 @@ def measured_seconds(runs: list[tuple[str, dict[str, Any]]], dry_run: bool) -> d
 # Figures that several runs (or tasks) each measure a part of
 # --------------------------------------------------------------------------------------------
 def ratio_figure(by_net: dict[str, dict[str, float]]) -> dict[str, Any]:
-    """``gpu/reserved_over_allocated`` (what ``explorer.overheads`` reads: ``max``) from each
+    """``gpu/reserved_over_allocated`` (what ``budget.overheads`` reads: ``max``) from each
     net's benchmark rows: the largest ratio over the nets, and each net's own."""
     return {"max": max(v["max"] for v in by_net.values()),
             "median": sorted(v["median"] for v in by_net.values())[len(by_net) // 2],

@@ -235,7 +235,7 @@ FIT_EXAMPLES = {"resnet18_2d": (resnet18_2d, (32, 3, 224, 224), (2, 3, 32, 32), 
 
 def fit_examples(kit: Kit) -> dict[str, Any]:
     """``course_utils.fit``'s example networks: the plain step (fp32, Adam, steady state) and
-    under autocast fp16, predicted and measured; each built as ``fit`` builds it (``fit.variant``:
+    under autocast fp16, predicted and measured; each built as ``fit`` builds it (``fit_model.variant``:
     ``nn.TransformerEncoder``'s copied layers made tensors of the active fake mode)."""
     rows = []
     for name, (build, full, tiny, classes) in FIT_EXAMPLES.items():

@@ -6,7 +6,8 @@
 * ``generate``  -- ``python -m course_utils.grading.generate``: exercises/ from solutions/
 * ``release``   -- ``python -m course_utils.grading.release OUT``: what learners get for graded work
 * ``grade``     -- ``python -m course_utils.grading.grade submissions/``: grade a class
-* ``notebook_code``, ``strip``, ``sandbox``, ``runner``, ``kernel_launch``, ``limits`` -- the
+* ``grader``    -- one submission graded (``Grader``): notebook run, sandbox, judge; ``Options``, ``Result``
+* ``notebook_code``, ``strip``, ``sandbox``, ``runner``, ``kernel_launch``, ``limits``, ``contain`` -- the
   grader's machinery (see docs/teaching.md, "Threat model")
 
 Importing this package imports nothing heavy; each module is imported on use.

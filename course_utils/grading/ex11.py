@@ -2,10 +2,10 @@
 learner and checked on breakdowns, cards and technique tables drawn from the seed.
 
 * ``fixed_and_per_sample(breakdown, batch)``: split a steady-state peak into what does not grow
-  with the batch and what each sample adds (``densenet.batch_model``'s definition, which
+  with the batch and what each sample adds (``budget.batch_model``'s definition, which
   ``fit`` uses);
 * ``largest_batch(fixed, per_sample, card_gib, context_mib, slack)``: the largest batch whose
-  peak fits the card, under ``explorer.Overheads``' model of the card;
+  peak fits the card, under ``budget.Overheads``' model of the card;
 * ``cheapest_fit(options, card_gib, context_mib, slack)``: the fastest technique that fits.
 
 Each part observes the learner's function on inputs drawn from the seed (``observe``: data only)
@@ -17,8 +17,7 @@ from typing import Any
 
 import torch
 
-from ..densenet import BatchModel, fixed_bytes
-from ..explorer import Overheads
+from ..budget import BatchModel, Overheads, fixed_bytes
 from .core import CheckFailed, Exercise, expect_equal, expect_int, expect_list, reference, seeded
 
 EX = Exercise("11", "Your network", names=("fixed_and_per_sample", "largest_batch", "cheapest_fit"))
@@ -52,7 +51,7 @@ def breakdown_cases(seed: int) -> list[tuple[dict[str, int], int]]:
 
 @reference
 def reference_split(breakdown: dict[str, int], batch: int) -> tuple[int, int]:
-    """``densenet.batch_model``'s split: fixed = parameters + buffers + gradients + Adam's state;
+    """``budget.batch_model``'s split: fixed = parameters + buffers + gradients + Adam's state;
     per sample = the rest of the total over the batch, rounded up."""
     fixed = fixed_bytes(breakdown)
     return fixed, -(-(breakdown["Total"] - fixed) // batch)
@@ -72,7 +71,7 @@ def card_cases(seed: int) -> list[tuple[int, int, float, float, float]]:
 
 @reference
 def reference_largest(fixed: int, per_sample: int, card_gib: float, context_mib: float, slack: float) -> int:
-    """``BatchModel.largest_batch`` of the bytes ``explorer.Overheads`` says the card holds."""
+    """``BatchModel.largest_batch`` of the bytes ``budget.Overheads`` says the card holds."""
     usable = Overheads(context_mib, slack, "the exercise's").usable(card_gib * 2**30)
     return int(BatchModel(fixed, per_sample, {}, 1).largest_batch(usable))
 

@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from . import limits
 from .runner import OUTPUT_NOTICE, output_size
 
 
@@ -33,7 +34,6 @@ def main() -> None:
     spec_path, rest = sys.argv[1], sys.argv[2:]
     with open(spec_path) as f:
         spec = json.load(f)
-    from . import limits
 
     limits.sandbox_self(spec["scratch"], spec.get("memory_bytes"), spec.get("file_bytes"),
                                   use_landlock=spec.get("landlock", True))

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import ctypes.util
+import errno
 import os
 import platform
 import resource
@@ -80,7 +80,7 @@ def landlock_abi() -> int:
 
 def python_read_paths() -> list[str]:
     """Where this Python and its packages live (what a sandboxed Python must read): its prefixes,
-    site-packages and the ``PYTHONPATH`` entries the grader passed on (``grade.package_paths``)."""
+    site-packages and the ``PYTHONPATH`` entries the grader passed on (``grader.package_paths``)."""
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
              str(Path(sys.executable).resolve().parent.parent),
              *os.environ.get("PYTHONPATH", "").split(os.pathsep)}

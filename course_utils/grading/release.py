@@ -37,8 +37,9 @@ from pathlib import Path
 
 import nbformat
 
-from ..scaffold import CODE, links
+from ..markdown import CODE, links
 from .generate import ROOT, SolutionFormatError, make_exercise
+from .registry import exercise
 from .strip import strip_source
 
 #: the release's own README (a template: the tables are made by write_readme), Makefile and
@@ -201,8 +202,6 @@ def teacher_checked(module: Path) -> set[str]:
 def notebook_rows(out: Path) -> list[str]:
     """The README's table rows: each notebook of ``out`` with its title, its exercise, the
     exercise's points and the parts the release cannot check (their answer is the teacher's)."""
-    from .registry import exercise
-
     stems = sorted({p.stem for folder in ("notebooks", "exercises") for p in (out / folder).glob("*.ipynb")})
     rows = []
     for stem in stems:

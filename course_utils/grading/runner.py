@@ -81,7 +81,56 @@ def _make_client(nb, spec):
     return client
 
 
+def _exit_status(process) -> int | None:
+    """The dead kernel's exit status, once the OS has it (up to 5 s)."""
+    for _ in range(50):
+        if process.poll() is not None:
+            return process.returncode
+        time.sleep(0.1)
+    return None
+
+
+def _cell_rows(nb, starts: dict[int, float], durations: dict[int, float], state: dict, died: int | None,
+               flooded: set[int]) -> list[dict]:
+    """One row per code cell: its number, prompt number, seconds and status (ok, error, timeout,
+    flood, killed, died, not run, empty) with the error's name and value."""
+    cells, number = [], 0
+    finished = True
+    # the prompt number JupyterLab shows when the notebook runs top to bottom: the cell's place
+    # among the cells that started (a cell that killed the kernel may not have reported its own)
+    order = {i: k + 1 for k, i in enumerate(sorted(starts, key=starts.get))}
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        number += 1
+        entry = {"index": i, "number": number, "execution_count": cell.get("execution_count") or order.get(i),
+                 "seconds": round(durations.get(i, 0.0), 2)}
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if state["killed_cell"] == i:
+            entry["status"] = "killed"
+            finished = False
+        elif died == i:
+            entry["status"] = "died"
+            finished = False
+        elif not finished or i not in starts:
+            entry["status"] = "not run" if cell.source.strip() else "empty"
+        elif i in flooded or any(e["ename"] == "OutputLimitExceeded" for e in errors):
+            entry["status"] = "flood"
+        elif i in state["timed_out"]:
+            entry["status"] = "timeout"
+        elif errors:
+            entry["status"] = "error"
+        else:
+            entry["status"] = "ok"
+        if errors:
+            entry["ename"], entry["evalue"] = errors[-1]["ename"], errors[-1]["evalue"]
+        cells.append(entry)
+    return cells
+
+
 def run(spec: dict) -> dict:
+    """Run the notebook of ``spec`` top to bottom in the grader's kernel: per code cell, its status
+    and seconds; whether the kernel died (and its exit status) or never started."""
     import nbformat
     from nbclient.exceptions import DeadKernelError
 
@@ -140,46 +189,10 @@ def run(spec: dict) -> dict:
         report["error"] = f"{type(err).__name__}: {str(err)[:CELL_TEXT]}"
     finally:
         stop.set()
-        report["kernel_exit"] = None
-        if kernel_proc and report["died"] is not None:
-            for _ in range(50):  # the dead kernel's exit status, once the OS has it
-                if kernel_proc[0].poll() is not None:
-                    report["kernel_exit"] = kernel_proc[0].returncode
-                    break
-                time.sleep(0.1)
+        report["kernel_exit"] = _exit_status(kernel_proc[0]) if kernel_proc and report["died"] is not None else None
         if state["killed_cell"] is not None:
             report["died"] = None  # we killed it: reported as such
-    cells, number = [], 0
-    finished = True
-    # the prompt number JupyterLab shows when the notebook runs top to bottom: the cell's place
-    # among the cells that started (a cell that killed the kernel may not have reported its own)
-    order = {i: k + 1 for k, i in enumerate(sorted(starts, key=starts.get))}
-    for i, cell in enumerate(nb.cells):
-        if cell.cell_type != "code":
-            continue
-        number += 1
-        entry = {"index": i, "number": number, "execution_count": cell.get("execution_count") or order.get(i),
-                 "seconds": round(durations.get(i, 0.0), 2)}
-        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-        if state["killed_cell"] == i:
-            entry["status"] = "killed"
-            finished = False
-        elif report["died"] == i:
-            entry["status"] = "died"
-            finished = False
-        elif not finished or i not in starts:
-            entry["status"] = "not run" if cell.source.strip() else "empty"
-        elif i in type(client).flooded or any(e["ename"] == "OutputLimitExceeded" for e in errors):
-            entry["status"] = "flood"
-        elif i in state["timed_out"]:
-            entry["status"] = "timeout"
-        elif errors:
-            entry["status"] = "error"
-        else:
-            entry["status"] = "ok"
-        if errors:
-            entry["ename"], entry["evalue"] = errors[-1]["ename"], errors[-1]["evalue"]
-        cells.append(entry)
+    cells = _cell_rows(nb, starts, durations, state, report["died"], type(client).flooded)
     first = min(starts.values(), default=None)
     report.update(cells=cells, output_bytes=type(client).output_bytes,
                   seconds={"kernel start": round(first - t_start, 1) if first else None,

@@ -22,13 +22,14 @@ import json
 import os
 import sys
 
+from . import limits
+from .notebook_code import graded_objects, rebuild
+from .registry import exercise
+
 
 def observe_notebook(nb, nn_id: str, keys, seed: int, save=None, on_rebuilt=None) -> dict:
     """Rebuild ``nb``'s graded objects and observe parts ``keys``; returns {key: data} and calls
     ``save(key, data)`` after each part (the sandbox writes it to disk there)."""
-    from .notebook_code import graded_objects, rebuild
-    from .registry import exercise
-
     ex = exercise(nn_id)
     rebuilt = rebuild(nb, graded=ex.names)  # only the statements the graded names need run
     objects = graded_objects(rebuilt, ex.names)
@@ -51,7 +52,6 @@ def main(argv: list[str] | None = None) -> int:
         spec = json.load(f)
     obs = spec["obs_dir"]
     os.environ["COURSE_GRADER_SANDBOX"] = "1"
-    from . import limits
 
     status = limits.sandbox_self(spec["scratch"], spec.get("memory_bytes"), spec.get("file_bytes"),
                                   use_landlock=spec.get("landlock", True))

@@ -31,10 +31,10 @@ anything allocated outside PyTorch's dispatcher. ``gpu_report`` measures each on
 Where things are (every name below is also importable from ``course_utils.memory``):
 
 * ``units``      -- ``MiB``, ``GiB``, ``mib``, ``tensor_bytes``;
-* ``meters``     -- ``SavedTensorMeter``, ``saved_tensors`` (``SavedTensor``), ``LiveBytes``;
+* ``meters``     -- ``SavedTensorMeter``, ``saved_tensors`` (``SavedTensor``), ``LiveBytes``, ``storage_key``;
 * ``hook_table`` -- ``MemoryLog`` (``Row``, ``CATEGORIES``, ``CUDA_BLOCK_ROUNDING``, ``LOSS``, ``OPTIMIZER``), ``log_step``;
 * ``predict``    -- ``predict_step`` (``Prediction``, ``method_label``, ``prime_optimizer``,
-  ``default_dtype``) and its twin on a GPU, ``measure_step`` (``step_parts``: what it trains);
+  ``default_dtype``, ``make_optimizer``, ``target_spec``) and its twin on a GPU, ``measure_step`` (``step_parts``: what it trains);
 * ``oom``        -- ``largest_that_fits``, ``catch_oom``, ``explain_oom``, ``is_oom``;
 * ``cuda``       -- ``cuda_peak`` (``CudaPeak``), ``memory_cap``, ``require_cuda``;
 * ``transients`` -- ``OpTransients`` (``OpMemory``, ``CudaStats``, ``LiveBytesStats``, ``BLOCK``): what
@@ -43,18 +43,18 @@ Where things are (every name below is also importable from ``course_utils.memory
 """
 
 from .cuda import CudaPeak, cuda_peak, memory_cap, require_cuda
-from .meters import LiveBytes, SavedTensor, SavedTensorMeter, saved_tensors
+from .meters import LiveBytes, SavedTensor, SavedTensorMeter, saved_tensors, storage_key
 from .oom import catch_oom, explain_oom, is_oom, largest_that_fits
 from .predict import (
     Prediction,
-    _make_optimizer as _make_optimizer,  # private names other modules use: re-exported
-    _target_spec as _target_spec,
     default_dtype,
+    make_optimizer,
     measure_step,
     method_label,
     predict_step,
     prime_optimizer,
     step_parts,
+    target_spec,
 )
 from .transients import BLOCK, CudaStats, LiveBytesStats, OpMemory, OpTransients, op_memory_step
 from .units import GiB, MiB, mib, tensor_bytes
@@ -68,6 +68,7 @@ _HOOK_TABLE = ("CATEGORIES", "CUDA_BLOCK_ROUNDING", "LOSS", "OPTIMIZER", "Memory
 
 def __getattr__(name: str):
     if name in _HOOK_TABLE:
+        # lazy: MemTracker's import costs 1.8 CPU-s (see _HOOK_TABLE)
         from . import hook_table
 
         return getattr(hook_table, name)
@@ -82,9 +83,10 @@ def __dir__() -> list[str]:
 __all__ = [
     "CudaPeak", "cuda_peak", "memory_cap", "require_cuda",
     "CATEGORIES", "CUDA_BLOCK_ROUNDING", "LOSS", "OPTIMIZER", "MemoryLog", "Row", "log_step",
-    "LiveBytes", "SavedTensor", "SavedTensorMeter", "saved_tensors",
+    "LiveBytes", "SavedTensor", "SavedTensorMeter", "saved_tensors", "storage_key",
     "catch_oom", "explain_oom", "is_oom", "largest_that_fits",
-    "Prediction", "default_dtype", "measure_step", "method_label", "predict_step", "prime_optimizer", "step_parts",
+    "Prediction", "default_dtype", "make_optimizer", "measure_step", "method_label", "predict_step", "prime_optimizer",
+    "step_parts", "target_spec",
     "BLOCK", "CudaStats", "LiveBytesStats", "OpMemory", "OpTransients", "op_memory_step",
     "GiB", "MiB", "mib", "tensor_bytes",
 ]

@@ -14,6 +14,7 @@ from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.tensor import DTensor
 
+from ..train import training_step
 from .meters import SavedTensorMeter
 from .units import mib
 
@@ -372,8 +373,6 @@ def log_step(
     """Run one ``training_step`` (zero_grad, forward + loss, backward, optimizer step) under a
     ``MemoryLog`` and return the log. Whatever exists before the step (parameters, gradients,
     optimizer state from earlier steps, the batch) is tracked as resident."""
-    from ..train import training_step
-
     _check_model_and_input(model, x)
     log = MemoryLog(model, cuda=x.device.type == "cuda", module_peaks=module_peaks,
                     round_like_cuda=round_like_cuda)

@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
-def _storage_key(t: torch.Tensor) -> int:
+def storage_key(t: torch.Tensor) -> int:
     # data_ptr() is 0 for every fake tensor; the storage object's C pointer is unique per storage.
     return t.untyped_storage()._cdata
 
@@ -54,7 +54,7 @@ class SavedTensorMeter:
     """
 
     def __init__(self, params: Iterable[torch.Tensor] = ()):
-        self._param_keys = {_storage_key(p) for p in params}
+        self._param_keys = {storage_key(p) for p in params}
         self._refs: dict[int, int] = {}
         self._bytes: dict[int, int] = {}
         self.current = 0  # activation bytes held right now
@@ -65,7 +65,7 @@ class SavedTensorMeter:
 
     def _pack(self, t: torch.Tensor) -> _Packed:
         self.n_saved += 1
-        key = _storage_key(t)
+        key = storage_key(t)
         handle = _Packed(t)
         if key in self._param_keys:
             if key not in self._refs:
@@ -124,7 +124,7 @@ def saved_tensors(output: torch.Tensor, params: Iterable[torch.Tensor] = ()) -> 
             "saved_tensors needs the output of a forward pass that requires grad "
             "(a tensor with a grad_fn); run the forward outside torch.no_grad()."
         )
-    param_keys = {_storage_key(p) for p in params}
+    param_keys = {storage_key(p) for p in params}
     seen, order, stack = set(), [], [output.grad_fn]
     while stack:  # depth-first, then reversed: roughly forward order
         node = stack.pop()
@@ -144,8 +144,8 @@ def saved_tensors(output: torch.Tensor, params: Iterable[torch.Tensor] = ()) -> 
                 if isinstance(t, torch.Tensor):
                     rows.append(SavedTensor(
                         node=node.name(), attr=attr, shape=tuple(t.shape), dtype=t.dtype,
-                        nbytes=t.untyped_storage().nbytes(), is_param=_storage_key(t) in param_keys,
-                        storage=_storage_key(t),
+                        nbytes=t.untyped_storage().nbytes(), is_param=storage_key(t) in param_keys,
+                        storage=storage_key(t),
                     ))
     return rows
 

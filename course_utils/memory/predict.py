@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 import torch
 from torch import nn
 
+from ..amp_rules import autocast_rules
+from ..train import training_step
 from .cuda import CudaPeak, cuda_peak, require_cuda
 from .meters import SavedTensorMeter
 from .units import mib
@@ -93,7 +95,7 @@ def _check_shape(name: str, shape: Sequence[int]) -> tuple[int, ...]:
     return shape
 
 
-def _target_spec(input_shape: tuple[int, ...], target_shape: Sequence[int] | None,
+def target_spec(input_shape: tuple[int, ...], target_shape: Sequence[int] | None,
                  n_classes: int | None, loss_fn: Callable | None) -> tuple[bool, tuple[int, ...], Callable]:
     """The target a step trains against: class indices (the input's shape without the channel
     dim; cross-entropy) unless a ``target_shape`` without ``n_classes`` asks for floats (MSE)."""
@@ -157,8 +159,6 @@ def predict_step(
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from ..amp_rules import autocast_rules
-
     _check_builder(build_model)
     input_shape = _check_shape("input_shape", input_shape)
     if len(input_shape) < 2:
@@ -169,7 +169,7 @@ def predict_step(
     if target == "cuda" and not fake:
         raise ValueError("real CPU tensors follow the CPU's rules: use target='cpu' with fake=False, "
                          "or measure_step() on a GPU")
-    classify, target_shape, loss_fn = _target_spec(input_shape, target_shape, n_classes, loss_fn)
+    classify, target_shape, loss_fn = target_spec(input_shape, target_shape, n_classes, loss_fn)
 
     # the same starting state every time: Python's garbage collector frees cyclic garbage (some
     # of it holds tensors, e.g. under checkpointing) at moments set by its allocation counters;
@@ -181,6 +181,7 @@ def predict_step(
     # 000's large U-Net), the same predictions with generation 1 take 0.025 s and 0.56 s
     import gc
 
+    # lazy: MemTracker's import costs 1.8 CPU-s, paid only by a prediction (memory.__init__)
     from .hook_table import _check_model_and_input, log_step
 
     gc.collect(1)
@@ -193,7 +194,7 @@ def predict_step(
             y = torch.randint(0, n_classes or 2, target_shape)
         else:
             y = torch.randn(target_shape)
-        opt = _make_optimizer(optimizer, model, foreach=target == "cuda")
+        opt = make_optimizer(optimizer, model, foreach=target == "cuda")
         if steady_state and opt is not None:
             prime_optimizer(model, opt)
         log = log_step(model, x, y, loss_fn, opt, autocast_dtype, module_peaks,
@@ -207,7 +208,7 @@ def predict_step(
     )
 
 
-def _make_optimizer(spec: Any, model: nn.Module, foreach: bool = False) -> torch.optim.Optimizer | None:
+def make_optimizer(spec: Any, model: nn.Module, foreach: bool = False) -> torch.optim.Optimizer | None:
     if spec is None:
         return None
     if callable(spec):
@@ -236,7 +237,7 @@ def step_parts(
     ``dtype`` on the CPU and moved; the batch is created on ``device``."""
     _check_builder(build_model)
     input_shape = _check_shape("input_shape", input_shape)
-    classify, target_shape, loss_fn = _target_spec(input_shape, target_shape, n_classes, loss_fn)
+    classify, target_shape, loss_fn = target_spec(input_shape, target_shape, n_classes, loss_fn)
     dev = torch.device(device)
     with default_dtype(dtype):
         model = build_model()
@@ -245,7 +246,7 @@ def step_parts(
     x = torch.randn(input_shape, device=dev, dtype=dtype)
     y = (torch.randint(0, n_classes or 2, tuple(target_shape), device=dev) if classify
          else torch.randn(tuple(target_shape), device=dev, dtype=dtype))
-    return model, x, y, _make_optimizer(optimizer, model, foreach=True), loss_fn
+    return model, x, y, make_optimizer(optimizer, model, foreach=True), loss_fn
 
 
 def measure_step(
@@ -271,8 +272,6 @@ def measure_step(
     ``transients.OpTransients`` (what each op keeps and needs while it runs); the peaks returned
     are then the larger of the allocator's and the instrument's own (``OpTransients`` resets the
     allocator's peak statistics at every op)."""
-    from ..train import training_step
-
     require_cuda("measure_step")
     dev = torch.device(device)
     model, x, y, opt, loss_fn = step_parts(build_model, input_shape, target_shape, dtype=dtype, loss_fn=loss_fn,

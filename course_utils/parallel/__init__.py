@@ -29,7 +29,7 @@ Where things are (every name below is also importable from ``course_utils.parall
 * ``launcher``      -- ``launch``, ``launch_many``, ``LaunchError``, ``LaunchTimeout``,
   ``backend_for``, ``free_port``, ``compared``: spawning the ranks, deadlines, the failing rank
   named (``_entry``, ``_Output``, ``_dump_stacks``, ``_stop``, ``_diagnose``);
-* ``data_parallel`` -- ``ddp_worker``, ``ddp_bucket_bytes``, ``CrossReplicaBatchNorm3d``, ``norm_worker``, the demos'
+* ``data_parallel`` -- ``ddp_worker``, ``CrossReplicaBatchNorm3d``, ``norm_worker``, the demos'
   net and batch (``build_net``, ``NORMS``, ``global_batch``), ``single_process_grads``,
   ``accumulated_grads``, ``per_replica_bn_errors``, ``relative_error``;
 * ``tolerance``     -- ``reference_grads`` (float64 reference and tolerance), ``tf32_errors``,
@@ -51,11 +51,9 @@ from .cli import failing_worker, main, source_worker, stuck_worker, torchrun_bac
 from .data_parallel import (
     NORMS,
     CrossReplicaBatchNorm3d,
-    _all_gather_autograd as _all_gather_autograd,  # private names others use: re-exported
     accumulated_grads,
     build_net,
     cross_replica_bn_relu,
-    ddp_bucket_bytes,
     ddp_worker,
     global_batch,
     gn_relu,
@@ -64,14 +62,13 @@ from .data_parallel import (
     relative_error,
     relu_only,
     single_process_grads,
+    state_bytes,
 )
 from .fsdp import BACKWARD_PREFETCH, fsdp_backward_moments, fsdp_rank_memory, fsdp_units, fsdp_worker
 from .launcher import (
     COLLECTIVE_TIMEOUT_S,
     LaunchError,
     LaunchTimeout,
-    _diagnose as _diagnose,  # private names the tests use: re-exported
-    _init as _init,
     backend_for,
     compared,
     free_port,
@@ -107,8 +104,8 @@ __all__ = [
     "failing_worker", "main", "source_worker", "stuck_worker", "torchrun_backend", "torchrun_command",
     "train_worker",
     "NORMS", "CrossReplicaBatchNorm3d", "accumulated_grads", "build_net", "cross_replica_bn_relu",
-    "ddp_bucket_bytes", "ddp_worker", "global_batch", "gn_relu", "norm_worker", "per_replica_bn_errors", "relative_error",
-    "relu_only", "single_process_grads",
+    "ddp_worker", "global_batch", "gn_relu", "norm_worker", "per_replica_bn_errors", "relative_error",
+    "relu_only", "single_process_grads", "state_bytes",
     "BACKWARD_PREFETCH", "fsdp_backward_moments", "fsdp_rank_memory", "fsdp_units", "fsdp_worker",
     "COLLECTIVE_TIMEOUT_S", "LaunchError", "LaunchTimeout", "backend_for", "compared", "free_port",
     "launch", "launch_many",

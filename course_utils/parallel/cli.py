@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..data import SyntheticVolumes
 from .data_parallel import build_net, global_batch
 from .launcher import COLLECTIVE_TIMEOUT_S, compared, launch
 
@@ -25,8 +26,6 @@ from .launcher import COLLECTIVE_TIMEOUT_S, compared, launch
 def train_worker(rank: int, world: int, device: torch.device, config: dict) -> dict:
     """A few DDP (or FSDP) training steps on synthetic volumes; the script entry point."""
     from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from ..data import SyntheticVolumes
 
     net = build_net(config).to(device)
     if config.get("mode") == "fsdp":

@@ -174,7 +174,7 @@ def per_replica_bn_errors(seeds: Sequence[int], world: int = 2, config: dict | N
     return out
 
 
-def _state_bytes(params, optimizer) -> dict[str, int]:
+def state_bytes(params, optimizer) -> dict[str, int]:
     def local(t):
         t = t.to_local() if hasattr(t, "to_local") else t
         return t.numel() * t.element_size()
@@ -199,17 +199,6 @@ def _recording_allreduce(buckets: dict):
         return allreduce_hook(state, bucket)
 
     return hook
-
-
-def ddp_bucket_bytes(grad_bytes: int, gradient_as_bucket_view: bool = False) -> int:
-    """Bytes DDP's gradient buckets add on each rank (computed): DDP all-reduces the gradients
-    in flat buckets (``bucket_cap_mb``, 25 MiB by default, the first one 1 MiB) that together
-    hold every gradient, in the gradients' dtype, for as long as the DDP model lives. With
-    ``gradient_as_bucket_view=False`` (DDP's default, the course's) the ``.grad`` tensors are
-    separate tensors and the buckets one more copy: + the gradient bytes. With ``True`` the
-    gradients are views into the buckets: + 0 (torch 2.13's DDP docstring: "the saved memory
-    size will be equal to the total gradients size"). ``ddp_worker`` measures it."""
-    return 0 if gradient_as_bucket_view else grad_bytes
 
 
 @compared
@@ -239,4 +228,4 @@ def ddp_worker(rank: int, world: int, device: torch.device, config: dict) -> dic
             "saved_bytes": meter.peak, "gradient_as_bucket_view": view,
             "bucket_bytes": sum(n for n, _ in buckets.values()),
             "bucket_extra_bytes": sum(n for n, ptr in buckets.values() if ptr not in grad_storages),
-            **_state_bytes(list(model.parameters()), opt)}
+            **state_bytes(list(model.parameters()), opt)}

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..unet import UNet3D
-from .data_parallel import _state_bytes, build_net, global_batch
+from .data_parallel import build_net, global_batch, state_bytes
 from .launcher import compared
 
 
@@ -182,4 +182,4 @@ def fsdp_worker(rank: int, world: int, device: torch.device, config: dict) -> di
         opt.step()
     full = [p.grad.full_tensor().detach().cpu() for p in net.parameters()]
     return {"rank": rank, "loss": loss.item(), "grads": full, **_fsdp_peaks(tracker, fsdp_units(net)),
-            **_state_bytes(list(net.parameters()), opt)}
+            **state_bytes(list(net.parameters()), opt)}

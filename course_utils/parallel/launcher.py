@@ -29,6 +29,7 @@ import threading
 import time
 import traceback
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -400,8 +401,8 @@ def launch(worker: Callable, world_size: int = 2, config: dict | None = None,
                 warnings.warn(f"{name}: every rank returned its result, but {bad} crashed while "
                               "exiting; the results are complete.", RuntimeWarning, stacklevel=2)
             return [records[r]["result"] for r in range(world_size)]
-        raise _diagnose(name, out, records, codes, ended, stopped, stacks, timed_out, timeout_s,
-                        collective_timeout_s)
+        raise _diagnose(_RunEnd(name, out, records, codes, ended, stopped, stacks, timed_out, timeout_s,
+                               collective_timeout_s))
 
 
 def _load(path: Path) -> dict | None:
@@ -426,99 +427,129 @@ def _how_ended(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def _diagnose(name, out, records, codes, ended, stopped, stacks, timed_out, timeout_s,
-              collective_timeout_s) -> Exception:
-    """The exception that names the rank that caused a failure, and how."""
-    world = len(codes)
+@dataclass
+class _RunEnd:
+    """How a launch ended, rank by rank: what ``_diagnose`` reads to name the cause."""
+
+    name: str  # the worker's name
+    out: str  # the run's folder (rankN.pt results, rankN.err outputs)
+    records: dict[int, dict | None]  # each rank's record: {"ok", "result" or "error"}, None if it wrote none
+    codes: dict[int, int | None]  # each rank's exit code (negative: the signal)
+    ended: dict[int, float]  # when each rank that ended was seen ending (monotonic clock)
+    stopped: set[int]  # the ranks launch stopped
+    stacks: dict[int, list[str]]  # the stopped ranks' stacks, most recent call first
+    timed_out: bool  # launch's deadline passed
+    timeout_s: float
+    collective_timeout_s: float
+
+
+def _rank_statuses(run: _RunEnd) -> tuple[dict[int, str], dict[str, list[int]]]:
+    """Each rank's status in words, and the ranks by kind of candidate cause: ``real`` (failed on
+    its own or ended without a result), ``peer_gone`` (failed because a peer closed its
+    connection), ``waited`` (waited in a collective), ``hung`` (stopped outside a collective),
+    ``unstarted`` (stopped before its worker started)."""
     status: dict[int, str] = {}
-    real, peer_gone, waited, hung, unstarted = [], [], [], [], []  # candidate causes, by kind
-    for r in range(world):
-        rec, code = records[r], codes[r]
+    kinds: dict[str, list[int]] = {k: [] for k in ("real", "peer_gone", "waited", "hung", "unstarted")}
+    for r in range(len(run.codes)):
+        rec, code = run.records[r], run.codes[r]
         if rec is not None and not rec["ok"]:
             last = rec["error"].strip().splitlines()[-1]
             status[r] = f"failed: {_short(last)}"
             if any(s in rec["error"] for s in _PEER_GONE):
                 status[r] = "failed as a consequence (a peer closed its connection)"
-                peer_gone.append(r)
+                kinds["peer_gone"].append(r)
             elif any(s in last for s in _TIMED_OUT):
-                waited.append(r)
+                kinds["waited"].append(r)
             else:
-                real.append(r)
-        elif r in stopped and rec is None and not stacks.get(r):
+                kinds["real"].append(r)
+        elif r in run.stopped and rec is None and not run.stacks.get(r):
             status[r] = "was stopped by launch before its worker started"
-            unstarted.append(r)
-        elif r in stopped and rec is None:
-            where, in_collective = _where(stacks[r])
+            kinds["unstarted"].append(r)
+        elif r in run.stopped and rec is None:
+            where, in_collective = _where(run.stacks[r])
             status[r] = f"was stopped by launch while {where}" if in_collective else \
                 f"was stopped by launch while running {where}"
-            (waited if in_collective else hung).append(r)
+            kinds["waited" if in_collective else "hung"].append(r)
         elif rec is not None:
             status[r] = f"returned its result ({_how_ended(code)})"
         else:
             status[r] = f"ended without a result ({_how_ended(code)})"
-            real.append(r)
-    by_time = sorted(ended, key=ended.get)
-    order = {r: i for i, r in enumerate(by_time)}
+            kinds["real"].append(r)
+    return status, kinds
 
-    def first(ranks):
+
+def _timeout_error(run: _RunEnd, status: dict[int, str], kinds: dict[str, list[int]], first, others) -> LaunchTimeout:
+    """Past the deadline: the rank that hung outside a collective, else why none did."""
+    culprit = first(kinds["hung"]) if kinds["hung"] else None
+    if culprit is not None:
+        cause = f"rank {culprit} hung {_where(run.stacks.get(culprit, []))[0]}"
+    elif kinds["unstarted"] and not kinds["waited"]:
+        cause = ("no rank had started its worker: starting the processes (each imports torch) "
+                 "took longer than timeout_s on this machine; raise timeout_s")
+    else:
+        cause = ("every rank that started was waiting in a collective: the ranks called different "
+                 "collectives, or in a different order")
+    details = "\n".join(f"rank {r} (most recent call first):\n  " + "\n  ".join(run.stacks[r][:8])
+                        for r in sorted(run.stacks) if run.stacks[r])
+    msg = (f"{run.name}: workers did not finish within {run.timeout_s:g} s and were stopped: {cause}. "
+           f"({others(culprit)})" + (f"\n{details}" if details else ""))
+    return LaunchTimeout(msg, culprit, cause, details, status)
+
+
+def _failure_error(run: _RunEnd, cause_rank: int, status: dict[int, str], others) -> LaunchError:
+    """A rank that failed on its own: its traceback, or how its process ended."""
+    rec = run.records[cause_rank]
+    if rec is not None:
+        details = rec["error"].rstrip()
+        cause = details.splitlines()[-1]
+        head = f"rank {cause_rank} of {run.name} failed"
+    else:
+        how = _how_ended(run.codes[cause_rank])
+        hint = _SIGNAL_HINTS.get(how.rsplit(" ", 1)[-1], "")
+        details = _crash_report(Path(run.out) / f"rank{cause_rank}.err")
+        cause = f"rank {cause_rank} was {how}" if how.startswith("killed") else \
+            f"rank {cause_rank} ended without a result ({how})"
+        head = f"rank {cause_rank} of {run.name} was {how}" + (f" ({hint})" if hint else "") \
+            if how.startswith("killed") else \
+            f"rank {cause_rank} of {run.name} ended without a result ({how}) before returning"
+    msg = f"{head}; {others(cause_rank)}." + (f"\n{details}" if details else "")
+    return LaunchError(msg, cause_rank, cause, details, status)
+
+
+def _diagnose(run: _RunEnd) -> Exception:
+    """The exception that names the rank that caused a failure, and how."""
+    world = len(run.codes)
+    status, kinds = _rank_statuses(run)
+    order = {r: i for i, r in enumerate(sorted(run.ended, key=run.ended.get))}
+
+    def first(ranks):  # the rank seen ending first (ranks never seen ending last, by number)
         return min(ranks, key=lambda r: order.get(r, world + r))
 
     def others(cause: int | None) -> str:  # every rank's status but the cause's (all of them for None)
         return "; ".join(f"rank {r} {status[r]}" for r in range(world) if r != cause)
 
-    if timed_out:
-        culprit = first(hung) if hung else None
-        if culprit is not None:
-            where = _where(stacks.get(culprit, []))[0]
-            cause = f"rank {culprit} hung {where}"
-        elif unstarted and not waited:
-            cause = ("no rank had started its worker: starting the processes (each imports torch) "
-                     "took longer than timeout_s on this machine; raise timeout_s")
-        else:
-            cause = ("every rank that started was waiting in a collective: the ranks called different "
-                     "collectives, or in a different order")
-        details = "\n".join(f"rank {r} (most recent call first):\n  " + "\n  ".join(stacks[r][:8])
-                            for r in sorted(stacks) if stacks[r])
-        msg = (f"{name}: workers did not finish within {timeout_s:g} s and were stopped: {cause}. "
-               f"({others(culprit)})"
-               + (f"\n{details}" if details else ""))
-        return LaunchTimeout(msg, culprit, cause, details, status)
-    if real:
-        cause_rank = first(real)
-        rec = records[cause_rank]
-        if rec is not None:
-            details = rec["error"].rstrip()
-            cause = details.splitlines()[-1]
-            head = f"rank {cause_rank} of {name} failed"
-        else:
-            how = _how_ended(codes[cause_rank])
-            hint = _SIGNAL_HINTS.get(how.rsplit(" ", 1)[-1], "")
-            details = _crash_report(Path(out) / f"rank{cause_rank}.err")
-            cause = f"rank {cause_rank} was {how}" if how.startswith("killed") else \
-                f"rank {cause_rank} ended without a result ({how})"
-            head = f"rank {cause_rank} of {name} was {how}" + (f" ({hint})" if hint else "") \
-                if how.startswith("killed") else \
-                f"rank {cause_rank} of {name} ended without a result ({how}) before returning"
-        msg = f"{head}; {others(cause_rank)}." + (f"\n{details}" if details else "")
-        return LaunchError(msg, cause_rank, cause, details, status)
+    if run.timed_out:
+        return _timeout_error(run, status, kinds, first, others)
+    if kinds["real"]:
+        return _failure_error(run, first(kinds["real"]), status, others)
+    hung, waited = kinds["hung"], kinds["waited"]
     if hung and waited:  # a rank gave up waiting in a collective for a rank that was still running
-        culprit = first(hung)
-        where = _where(stacks.get(culprit, []))[0]
-        waiter = first(waited)
+        culprit, waiter = first(hung), first(waited)
+        where = _where(run.stacks.get(culprit, []))[0]
         cause = f"rank {culprit} hung {where}"
-        details = "\n".join(["rank {} (most recent call first):".format(culprit)]
-                            + ["  " + f for f in stacks.get(culprit, [])[:8]]
-                            + [f"rank {waiter} gave up after {collective_timeout_s:g} s: "
+        details = "\n".join([f"rank {culprit} (most recent call first):"]
+                            + ["  " + f for f in run.stacks.get(culprit, [])[:8]]
+                            + [f"rank {waiter} gave up after {run.collective_timeout_s:g} s: "
                                + status[waiter].removeprefix("failed: ")])
-        msg = (f"rank {culprit} of {name} hung: it was still running {where} when rank {waiter} gave "
-               f"up waiting for it in a collective after {collective_timeout_s:g} s.\n{details}")
+        msg = (f"rank {culprit} of {run.name} hung: it was still running {where} when rank {waiter} gave "
+               f"up waiting for it in a collective after {run.collective_timeout_s:g} s.\n{details}")
         return LaunchError(msg, culprit, cause, details, status)
-    candidates = waited + peer_gone + hung + unstarted
+    candidates = waited + kinds["peer_gone"] + hung + kinds["unstarted"]
     cause_rank = first(candidates) if candidates else 0
-    rec = records[cause_rank]
+    rec = run.records[cause_rank]
     details = rec["error"].rstrip() if rec is not None and not rec["ok"] else ""
     cause = details.splitlines()[-1] if details else status[cause_rank]
-    msg = f"rank {cause_rank} of {name} failed; {others(cause_rank)}." + (f"\n{details}" if details else "")
+    msg = f"rank {cause_rank} of {run.name} failed; {others(cause_rank)}." + (f"\n{details}" if details else "")
     return LaunchError(msg, cause_rank, cause, details, status)
 
 

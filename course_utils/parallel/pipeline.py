@@ -15,10 +15,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..memory import SavedTensorMeter
+from ..budget import ddp_bucket_bytes
+from ..memory import SavedTensorMeter, predict_step
 from ..tf32 import exact_fp32
 from ..unet import UNet3D
-from .data_parallel import build_net, ddp_bucket_bytes, global_batch
+from .data_parallel import build_net, global_batch
 from .launcher import compared
 
 
@@ -409,8 +410,6 @@ def pipeline_layouts(build: Callable[[], UNet3D], volume: Sequence[int], global_
     batch keeps one sample's activations (predicted at batch 1); a pipeline stage runs 1F1B (the
     1F1B column). Not counted: temporaries of backward, the CUDA context, the allocator's slack,
     NCCL's buffers."""
-    from ..memory import predict_step
-
     with torch.device("meta"):
         params = stage_parameters(build())
     value_bytes = torch.empty((), dtype=dtype).element_size()

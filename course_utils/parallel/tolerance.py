@@ -14,7 +14,6 @@ from torch import nn
 from ..tf32 import emulate_tf32, exact_fp32
 from .data_parallel import build_net, global_batch, relative_error, single_process_grads
 
-
 # Branches: a ReLU's kink and a max-pool window's winner. Where a value sits within rounding of
 # one, two computations that round differently take different branches, and the gradient of what
 # the branch touches moves by a whole step, not by a rounding.

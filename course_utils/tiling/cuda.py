@@ -9,7 +9,9 @@ from typing import Any
 
 import torch
 
-from .predict import _limit_net, largest_tiled_n, predict_tiled_step
+from ..limit_test import input_bytes
+from ..memory import catch_oom, cuda_peak, mib, require_cuda
+from .predict import largest_tiled_n, _limit_net, predict_tiled_step
 from .step import tiled_step
 
 
@@ -20,8 +22,6 @@ def measure_tiled_step(n: int, owned: int = 1, *, device: str | torch.device = "
     at ``budget_bytes`` with ``set_per_process_memory_fraction``; an out-of-memory error is
     caught and reported); on CPU only the time (no allocator statistics)."""
     import time
-
-    from ..memory import catch_oom, cuda_peak, mib
 
     device = torch.device(device)
     tiles = -(-n // owned)
@@ -67,9 +67,6 @@ def measure_seed003_cuda(budget_bytes: int, margin_bytes: int = 256 * 2**20):
     import os
 
     import pandas as pd
-
-    from ..limit_test import input_bytes
-    from ..memory import mib, require_cuda
 
     require_cuda("measure_seed003_cuda")
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

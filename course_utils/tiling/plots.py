@@ -9,9 +9,11 @@ from typing import Sequence
 
 from torch import nn
 
+from ..limit_test import input_bytes
+from ..memory import mib, predict_step
 from .halo import conv_chain
 from .plan import _as_halo, plan_tiles
-from .predict import _limit_net, largest_tiled_n, predict_tiled_step
+from .predict import largest_tiled_n, _limit_net, predict_tiled_step
 from .step import _needed_ranges, work_factor
 
 
@@ -107,9 +109,6 @@ def seed003_table(budget_bytes: int, owned: Sequence[int] = (1, 4, 16), stream: 
     tiled step is predicted to fit ``budget_bytes``, and what its peak is made of."""
     import pandas as pd
 
-    from ..limit_test import input_bytes
-    from ..memory import mib
-
     rows = []
     chain = conv_chain(_limit_net())
     for o in owned:
@@ -136,9 +135,6 @@ def draw_memory_vs_n(budget_bytes: int, ns: Sequence[int] | None = None, ax=None
     memory; the input + target storage 2 x 4 N^3 bytes, the budget, and ``marks`` (label -> N)
     as vertical lines."""
     import matplotlib.pyplot as plt
-
-    from ..limit_test import input_bytes
-    from ..memory import mib, predict_step
 
     ns = list(ns or [64, 128, 256, 512, 1024, 2048, 4096, 8192])
     if ax is None:

@@ -14,6 +14,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from ..limit_test import LimitTestNet
+from ..memory import Prediction, default_dtype, largest_that_fits, make_optimizer, prime_optimizer
 from .halo import conv_chain
 from .plan import Tile, _as_counts, plan_tiles
 from .step import tiled_step
@@ -48,6 +50,7 @@ def representative(plan: Sequence[Tile]) -> list[Tile]:
 
 
 def _tiled_log_class():
+    # lazy: MemTracker's import costs 1.8 CPU-s, paid only by a prediction (memory.__init__)
     from ..memory import MemoryLog
 
     class TiledLog(MemoryLog):
@@ -87,8 +90,6 @@ def predict_tiled_step(
     right). Returns a ``memory.Prediction``."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from ..memory import Prediction, _make_optimizer, default_dtype, prime_optimizer
-
     _TiledLog = _tiled_log_class()
 
     shape = (n,) * 3 if isinstance(n, int) else tuple(n)
@@ -106,7 +107,7 @@ def predict_tiled_step(
                     for idx in _representative_indices(shape[0], tiles, chain.halo[0])]
             run = plan_tiles(shape, tiles, chain.halo, only=only)
         n_tiles = math.prod(_as_counts(tiles, len(shape), 0))
-        opt = _make_optimizer(optimizer, model)
+        opt = make_optimizer(optimizer, model)
         if opt is not None:  # steady state: the optimizer's state exists before the step
             prime_optimizer(model, opt)
         log = _TiledLog(model, cuda=False, module_peaks=False)
@@ -138,8 +139,6 @@ def largest_tiled_n(budget_bytes: int, build_model: Callable[[], nn.Module] | No
     """The largest cube side N whose tiled step is predicted to fit ``budget_bytes``, with
     slabs that own ``owned`` voxels of depth each (1 = the thinnest slabs: least memory, most
     recomputation; see ``work_factor``). Seed 003's net by default."""
-    from ..memory import largest_that_fits
-
     build = build_model or _limit_net
 
     def fits(n: int) -> bool:
@@ -151,6 +150,4 @@ def largest_tiled_n(budget_bytes: int, build_model: Callable[[], nn.Module] | No
 
 
 def _limit_net() -> nn.Module:
-    from ..limit_test import LimitTestNet
-
     return LimitTestNet()

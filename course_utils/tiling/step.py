@@ -48,6 +48,7 @@ a per-channel affine map), or a normalisation over channels only, per voxel.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -200,6 +201,58 @@ class TiledStep:
         return float(self.loss)
 
 
+def _normalised_with(stats: list[tuple[torch.Tensor, torch.Tensor]]) -> Callable:
+    """``run_chain``'s normalisation: BatchNorm layer i with the statistics ``stats[i]``."""
+    def fixed(i: int, bn: nn.Module, a: torch.Tensor, own: tuple[slice, ...]) -> torch.Tensor:
+        mean, var = stats[i]
+        return normalise(bn, a, mean, var)
+
+    return fixed
+
+
+def _batch_statistics(chain, plan: Sequence[Tile], piece: Callable, dtype: torch.dtype
+                      ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
+    """1. The forward statistics, BatchNorm layer by BatchNorm layer: layer k's mean and variance
+    over the owned voxels of every slab, the layers before it normalised with theirs; and the
+    number of voxels each is over."""
+    stats: list[tuple[torch.Tensor, torch.Tensor]] = []
+    fixed = _normalised_with(stats)
+    n_vox = 0
+    for k in range(len(chain.batch_stat_norms)):
+        s1 = s2 = None
+        n_vox = 0
+        with torch.no_grad():
+            for tile in plan:
+                a, own = run_chain(chain, piece(tile.read), tile, fixed, stop_at_norm=k)
+                t1, t2, n = _owned_sums(a, own)
+                s1, s2 = (t1, t2) if s1 is None else (s1 + t1, s2 + t2)
+                n_vox += n
+                del a
+        mean = s1 / n_vox
+        stats.append((mean.to(dtype), (s2 / n_vox - mean * mean).to(dtype)))
+    return stats, n_vox
+
+
+def _backward_through_statistics(chain, plan: Sequence[Tile], piece: Callable,
+                                 stats: list[tuple[torch.Tensor, torch.Tensor]], n_vox: int, fixed: Callable) -> None:
+    """3. What the loss's gradient with respect to each layer's mean and variance adds to the
+    parameters below it, last BatchNorm first: each slab's owned activations again, through a
+    surrogate whose gradient is that contribution."""
+    for k in reversed(range(len(stats))):
+        mean, var = stats[k]
+        g_mean, g_var = mean.grad, var.grad
+        if g_mean is None:  # the loss does not depend on this layer's statistics
+            continue
+        for tile in plan:
+            a, own = run_chain(chain, piece(tile.read), tile, fixed, stop_at_norm=k)
+            own = region(a, own)
+            shape = (1, -1) + (1,) * (own.dim() - 2)
+            m = mean.detach().view(shape)
+            surrogate = (g_mean.view(shape) * own + g_var.view(shape) * (own * own - 2 * m * own)).sum() / n_vox
+            surrogate.backward()
+            del a, own, surrogate
+
+
 def tiled_step(
     model: nn.Module,
     x: torch.Tensor,
@@ -250,29 +303,10 @@ def tiled_step(
 
     norms = chain.batch_stat_norms
     count = target.numel()
-
-    # 1. forward statistics, BatchNorm layer by BatchNorm layer
-    stats: list[tuple[torch.Tensor, torch.Tensor]] = []
-    n_vox = 0
-
-    def fixed(i: int, bn: nn.Module, a: torch.Tensor, own: tuple[slice, ...]) -> torch.Tensor:
-        mean, var = stats[i]
-        return normalise(bn, a, mean, var)
-
-    for k in range(len(norms)):
-        s1 = s2 = None
-        n_vox = 0
-        with torch.no_grad():
-            for tile in plan:
-                a, own = run_chain(chain, piece(x, tile.read), tile, fixed, stop_at_norm=k)
-                t1, t2, n = _owned_sums(a, own)
-                s1, s2 = (t1, t2) if s1 is None else (s1 + t1, s2 + t2)
-                n_vox += n
-                del a
-        mean = s1 / n_vox
-        stats.append((mean.to(x.dtype), (s2 / n_vox - mean * mean).to(x.dtype)))
+    stats, n_vox = _batch_statistics(chain, plan, functools.partial(piece, x), x.dtype)
     if bn_backward == "exact":
         stats = [(m.clone().requires_grad_(), v.clone().requires_grad_()) for m, v in stats]
+    fixed = _normalised_with(stats)
 
     # 2. the loss: every slab forward and backward, loss on the owned voxels only
     total = torch.zeros((), dtype=torch.float64, device=device)
@@ -284,21 +318,8 @@ def tiled_step(
         total += loss.detach()
         del loss
 
-    # 3. backward through the statistics, last BatchNorm first
-    if bn_backward == "exact":
-        for k in reversed(range(len(norms))):
-            mean, var = stats[k]
-            g_mean, g_var = mean.grad, var.grad
-            if g_mean is None:  # the loss does not depend on this layer's statistics
-                continue
-            for tile in plan:
-                a, own = run_chain(chain, piece(x, tile.read), tile, fixed, stop_at_norm=k)
-                own = region(a, own)
-                shape = (1, -1) + (1,) * (own.dim() - 2)
-                m = mean.detach().view(shape)
-                surrogate = (g_mean.view(shape) * own + g_var.view(shape) * (own * own - 2 * m * own)).sum() / n_vox
-                surrogate.backward()
-                del a, own, surrogate
+    if bn_backward == "exact":  # 3. backward through the statistics, last BatchNorm first
+        _backward_through_statistics(chain, plan, functools.partial(piece, x), stats, n_vox, fixed)
     for bn, (mean, var) in zip(norms, stats, strict=True):
         update_running_stats(bn, mean.detach(), var.detach(), n_vox)
     sweeps = 1 + (2 * len(norms) if bn_backward == "exact" else len(norms))

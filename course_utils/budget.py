@@ -1,0 +1,152 @@
+"""What a card holds beyond a prediction: the budget every notebook, ``fit`` and the explorer use.
+
+A prediction (``memory.predict_step``) is what ``torch.cuda.max_memory_allocated`` would show. A
+card needs more, and this module is the one place that says how much:
+
+* ``Overheads`` -- the CUDA context (part of the card, never in ``memory_allocated``) and a slack
+  for what a prediction cannot see (cuDNN workspaces, allocator rounding and fragmentation).
+  ``overheads()`` reads the context measured on a GPU when a run was recorded (``recorded``),
+  else assumes it, and says which in ``Overheads.source``; ``seed000_overheads()`` is the context
+  seed 000's own numbers imply (~1.1 GiB), the alternative a learner compares with.
+* ``usable_bytes(card_gib)`` -- the largest predicted peak a card holds under ``overheads()``.
+* ``BatchModel`` / ``batch_model`` -- the steady-state peak as ``fixed + batch x per_sample``
+  (``steady_state``: Adam's moments resident; ``fixed_bytes``: what does not grow with the batch),
+  from which the largest batch follows.
+* ``ddp_bucket_bytes`` -- what DDP's gradient buckets add on each rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .memory import MiB
+from .recorded import lookup
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """Memory a card needs beyond the predicted ``max_memory_allocated``."""
+
+    context_mib: float  # CUDA context + libraries: part of the card, never in memory_allocated
+    slack: float  # fraction of the predicted peak: workspaces, rounding, fragmentation
+    source: str
+
+    def needed(self, predicted_peak: float) -> float:
+        """Bytes of the card a step with this predicted allocated peak needs."""
+        return predicted_peak * (1 + self.slack) + self.context_mib * MiB
+
+    def usable(self, card_bytes: float) -> float:
+        """The largest predicted allocated peak a card of ``card_bytes`` holds (``needed``'s inverse)."""
+        return (card_bytes - self.context_mib * MiB) / (1 + self.slack)
+
+
+#: the slack assumed: seed 000's own hook table shows reserved/allocated of 1.05-1.10 at its peaks
+ASSUMED_SLACK = 0.10
+ASSUMED_CONTEXT_MIB = 500.0
+
+
+def overheads() -> Overheads:
+    """The CUDA context measured on a GPU when a run was recorded (else assumed), and the slack
+    assumed. A recorded run's reserved/allocated ratio is not used as the slack: measured without
+    a cap, it is the cache the allocator keeps while nothing presses on it, which it frees (and
+    retries) before it raises out of memory. README's benchmark sets the largest batch predicted
+    with these overheads beside the one measured under a cap."""
+    slack = (f"slack {ASSUMED_SLACK * 100:.0f} % of the allocated peak (seed 000's own hook table shows "
+             "reserved/allocated of 1.05-1.10 at its peaks)")
+    ratio = lookup("gpu/reserved_over_allocated")
+    if ratio is not None:
+        slack += (f"; reserved/allocated without a cap {ratio.label}: median {ratio.value['median']}, "
+                  f"max {ratio.value['max']} (the cache the allocator frees before it raises out of memory)")
+    ctx = lookup("00/cuda_context")
+    if ctx is not None:
+        return Overheads(float(ctx.value["context_MiB"]), ASSUMED_SLACK,
+                         f"context measured, slack assumed: CUDA context {float(ctx.value['context_MiB']):.0f} MiB "
+                         f"{ctx.label}; {slack}")
+    return Overheads(
+        ASSUMED_CONTEXT_MIB, ASSUMED_SLACK,
+        f"assumed (no GPU run recorded): CUDA context {ASSUMED_CONTEXT_MIB:.0f} MiB (a few hundred MiB on recent "
+        f"GPUs with lazy module loading); {slack}")
+
+
+#: Seed 000's own figures (shared/seeds/unet3d_memory_question.txt): nvidia-smi showed "around
+#: 7000MiB" at the peak, and the largest ``mem_cached`` of its hook table (PyTorch's reserved
+#: memory) was 6,121,586,688 B = 5,838 MiB. What nvidia-smi counts beyond the caching allocator's
+#: reserve is the CUDA context and its libraries: 7000 - 5838 = 1,162 MiB (~1.1 GiB).
+SEED000_SMI_MIB = 7000
+SEED000_PEAK_CACHED_BYTES = 6_121_586_688
+
+
+def seed000_overheads(slack: float | None = None) -> Overheads:
+    """The context seed 000's own numbers imply (nvidia-smi's peak less the allocator's largest
+    reserve; ``SEED000_SMI_MIB``, ``SEED000_PEAK_CACHED_BYTES``), with the slack of
+    ``overheads()`` unless ``slack`` is given: the alternative to the assumed 500 MiB."""
+    context = SEED000_SMI_MIB - SEED000_PEAK_CACHED_BYTES / MiB
+    slack = overheads().slack if slack is None else slack
+    return Overheads(context, slack,
+                     f"seed 000's numbers: nvidia-smi ~{SEED000_SMI_MIB} MiB less its largest mem_cached "
+                     f"{SEED000_PEAK_CACHED_BYTES / MiB:,.0f} MiB = {context:,.0f} MiB outside the caching "
+                     f"allocator (their GPU, driver and libraries); slack {100 * slack:.0f} % as the default")
+
+
+def usable_bytes(card_gib: float) -> int:
+    """The largest predicted peak (``max_memory_allocated``) whose step fits a card of
+    ``card_gib`` GiB: the card less the CUDA context, divided by 1 + the slack for workspaces and
+    the allocator -- ``overheads()``, the same for every budget of the course."""
+    return int(overheads().usable(card_gib * 2**30))
+
+
+def steady_state(breakdown: dict[str, int]) -> dict[str, int]:
+    """The breakdown of a step from the second on: Adam's two moments (2 x the parameter bytes)
+    resident during forward and backward. A breakdown that already has them is returned as is."""
+    out = dict(breakdown)
+    if not out.get("Optstate"):
+        out["Optstate"] = 2 * out["Parameter"]
+        out["Total"] = out["Total"] + out["Optstate"]
+    return out
+
+
+#: the parts of a steady-state breakdown that do not grow with the batch (or the image)
+FIXED_PARTS = ("Parameter", "Buffer", "Gradient", "Optstate")
+
+
+def fixed_bytes(breakdown: dict[str, int]) -> int:
+    """Parameters + buffers + gradients + optimizer state: the bytes of a breakdown that do not
+    grow with the batch (``BatchModel``'s ``fixed``)."""
+    return sum(breakdown.get(k, 0) for k in FIXED_PARTS)
+
+
+@dataclass
+class BatchModel:
+    """Predicted steady-state peak as a function of the batch: ``fixed + batch * per_sample``.
+    Parameters, buffers, gradients and optimizer state do not grow with the batch; activations,
+    temporaries and the input do (linearly, for a conv net: checked in the tests)."""
+
+    fixed: int
+    per_sample: int
+    breakdown: dict[str, int]  # steady-state breakdown at the predicted batch
+    batch: int
+
+    def peak(self, batch: int) -> int:
+        return self.fixed + batch * self.per_sample
+
+    def largest_batch(self, budget_bytes: int) -> int:
+        return max(0, (budget_bytes - self.fixed) // self.per_sample)
+
+
+def batch_model(prediction, batch: int) -> BatchModel:
+    """``BatchModel`` from one ``predict_step`` result at ``batch``."""
+    b = steady_state(prediction.breakdown)
+    fixed = fixed_bytes(b)
+    return BatchModel(fixed=fixed, per_sample=-(-(b["Total"] - fixed) // batch), breakdown=b,
+                      batch=batch)
+
+
+def ddp_bucket_bytes(grad_bytes: int, gradient_as_bucket_view: bool = False) -> int:
+    """Bytes DDP's gradient buckets add on each rank (computed): DDP all-reduces the gradients
+    in flat buckets (``bucket_cap_mb``, 25 MiB by default, the first one 1 MiB) that together
+    hold every gradient, in the gradients' dtype, for as long as the DDP model lives. With
+    ``gradient_as_bucket_view=False`` (DDP's default, the course's) the ``.grad`` tensors are
+    separate tensors and the buckets one more copy: + the gradient bytes. With ``True`` the
+    gradients are views into the buckets: + 0 (torch 2.13's DDP docstring: "the saved memory
+    size will be equal to the total gradients size"). ``ddp_worker`` measures it."""
+    return 0 if gradient_as_bucket_view else grad_bytes
