@@ -511,7 +511,9 @@ Next (CONTRIBUTING.md, "Adding a notebook"): replace the template's example, mar
      (its check cells' points add up to the parts' points), then
      {py} -m course_utils.grading.generate      # exercises/ from solutions/
   3. list the typical wrong answers in {wrong};
-  4. describe it in README.md ('The notebooks') and docs/teaching.md ('Exercises');
+  4. describe it in README.md ('The notebooks') and docs/teaching.md ('Exercises'), and move the examples of
+     CONTRIBUTING.md ('Adding a notebook') and the Makefile's new-notebook and check-notebook lines to the
+     next free number, {after};
   5. {py} -m course_utils.readme --render --timings {nn}   # its run time
   6. make check-notebook NN={nn}    # scaffold --check (refuses every {marker} left), then its tests
 """
@@ -546,7 +548,7 @@ def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
         return 0
     print("\n".join(done))
     print(NEXT_STEPS.format(nn=e.nn, notebook=e.notebook, solution=e.solution, grading=e.grading, wrong=e.wrong,
-                            py=_python(root), marker=PLACEHOLDER))
+                            py=_python(root), marker=PLACEHOLDER, after=next_number(root)))
     return 0
 
 
