@@ -264,6 +264,8 @@ def test_scaffold_check_refuses_the_templates_placeholders_and_names_each(course
                 cell["source"] = re.sub(r"\*\*TODO\(scaffold\):\*\*[^\n]*\n\n?", "", text)
             path.write_text(json.dumps(nb, indent=1), encoding="utf-8")
     assert not [line for line in scaffold.check_placeholders(course) if line.startswith(mine)]
+    for rel in (new.grading, new.wrong):  # "delete this line", done literally, leaves valid Python
+        compile((course / rel).read_text(encoding="utf-8"), rel, "exec")
 
 
 def test_the_course_passes_scaffold_check_beyond_the_layout_tests():
