@@ -105,7 +105,7 @@ site-check: $(SITE_STAMP) ## the site check's own tests, then every page of buil
 
 # --- mutation check (slow, not in make test; tools/mutants.py)
 .PHONY: mutation
-MUTATE ?= memory unet config inplace_abn parallel allocator amp_rules train explorer numerics gpu_kit
+MUTATE ?= memory unet config inplace_abn parallel allocator amp_rules train explorer budget numerics gpu_kit
 MUTATION_ARGS ?=
 mutation: install ## plant hand-written bugs one at a time; the unit tests must catch each (MUTATE=memory ...)
 	$(BIN)/python tools/mutants.py $(MUTATE) $(MUTATION_ARGS)

@@ -17,4 +17,4 @@ python3 -m pip download -q --only-binary=:all: --python-version "$py" --implemen
   nbval ipykernel ipywidgets nbclient nbformat
 echo "$(ls "$dir"/*.whl | wc -l) wheels, $(du -sh "$dir" | cut -f1) in $dir. On the other machine, from the checkout"
 echo "(the device tool: carry [\"$dir\"], timeout_s 600):"
-echo "  tools/gpu_kit.sh --budget 540     # installs $dir's wheels, then the kit into \$OUT (README: the GPU kit)"
+echo "  tools/gpu_kit.sh --budget 540     # installs $dir's wheels, then the kit into \$OUT (docs/gpu-kit.md)"

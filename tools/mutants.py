@@ -76,6 +76,7 @@ TESTS: dict[str, tuple[str, ...]] = {
     "amp_rules": ("tests/test_amp_rules.py",),
     "train": ("tests/test_foundation.py", "tests/test_memory.py"),
     "explorer": ("tests/test_explorer.py",),
+    "budget": ("tests/test_explorer.py",),  # the explorer's budgets are budget.Overheads
     "gpu_kit": ("tests/test_gpu_report.py",),
 }
 LAUNCH = "tests/test_parallel_launch.py"
@@ -312,8 +313,8 @@ MUTANTS += [
       "launch does not reap the killed ranks (zombies)",
       tests=(_LAUNCH_FAIL,)),
     M("launch-blames-the-waiter", PAR_LAUNCH,
-      "        culprit = first(hung)\n        where",
-      "        culprit = first(waited)\n        where",
+      "        culprit, waiter = first(hung), first(waited)\n",
+      "        culprit, waiter = first(waited), first(waited)\n",
       "a hung rank's peer, which timed out waiting in a collective, is blamed",
       tests=(LAUNCH + "::test_a_hung_rank_is_blamed_not_the_peer_that_timed_out",)),
     M("launch-signal-unnamed", PAR_LAUNCH,
@@ -477,7 +478,7 @@ MUTANTS += [
       "batch 2, so parts at any batch are whole bytes and rounding never moves a total; the loop "
       "can fire only on a floating-point tie where needed() exceeds the budget by less than one "
       "byte, which card_needs (int) and fits cannot show", equivalent=True),
-    M("explorer-overheads-no-slack", EXPL,
+    M("budget-overheads-no-slack", CU + "budget.py",
       "        return predicted_peak * (1 + self.slack) + self.context_mib * MiB",
       "        return predicted_peak + self.context_mib * MiB",
       "Overheads.needed leaves out the slack"),

@@ -9,7 +9,7 @@
   (a figure recorded again replaces the old one);
 * ``benchmarks/results/<gpu>.json`` (and ``.md``, ``.png``) -- the benchmark's rows, merged by net.
 
-Then ``python -m course_utils.readme`` renders README's tables from them. A dry run's files go to
+Then ``python -m course_utils.readme`` renders README's and docs' tables from them. A dry run's files go to
 ``docs/gpu-runs/`` only (a CPU's figures are no GPU's).
 """
 
@@ -107,7 +107,7 @@ def import_run(files_at: str | Path, root: Path = ROOT, name: str | None = None)
     bench = [dest / "details" / n for n in details if n.startswith("benchmark-") and n.endswith(".json")]
     for out in _merge_benchmark(bench, root / "benchmarks" / "results"):
         print(f"{out}: benchmark rows merged")
-    print("Next: python -m course_utils.readme --render (README's tables), then commit docs/gpu-runs/, "
+    print("Next: python -m course_utils.readme --render (the tables of README and docs/), then commit docs/gpu-runs/, "
           "recorded/ and benchmarks/results/.")
     return dest
 

@@ -1,6 +1,6 @@
 """The GPU kit's plan: every task, in the order of what it is worth, with the time it is expected
 to take on the GPU machine and where that figure comes from. Python's standard library only, so
-that README's table and ``--plan`` cost nothing.
+that docs/gpu-kit.md's table and ``--plan`` cost nothing.
 
 Order (``planned``):
 
@@ -166,7 +166,7 @@ def calls(tasks: list[Planned], budgets: float | list[float] = DEFAULT_BUDGET_S)
 
 
 def plan_table(root: Path = ROOT) -> str:
-    """The plan as a Markdown table (README's and docs/teaching.md's ``gpu-plan`` block): each
+    """The plan as a Markdown table (docs/gpu-kit.md's and docs/teaching.md's ``gpu-plan`` block): each
     task's window and call when every window holds ``WINDOW_CALLS``."""
     tasks = planned(root)
     call = calls(tasks, list(WINDOW_CALLS))
