@@ -30,6 +30,9 @@ from .train import training_step
 
 @dataclass
 class AllocatorState:
+    """The CUDA allocator's two figures after one step of ``caching_demo``: ``allocated`` (bytes in
+    live tensors) and ``reserved`` (bytes held from the driver, the cache included)."""
+
     label: str
     allocated: int
     reserved: int
@@ -41,6 +44,8 @@ class AllocatorState:
 
 
 def state(label: str) -> AllocatorState:
+    """The allocator's figures now, under ``label``: ``torch.cuda.memory_allocated()`` and
+    ``memory_reserved()``, in bytes (needs a GPU)."""
     return AllocatorState(label, torch.cuda.memory_allocated(), torch.cuda.memory_reserved())
 
 
@@ -296,6 +301,9 @@ class SimulatedAllocator:
 
 @dataclass
 class Simulation:
+    """What ``simulate`` replayed: allocated and reserved bytes after each event, and the
+    ``SimulatedAllocator`` in its final state."""
+
     allocated: list[int]  # after each event
     reserved: list[int]
     allocator: SimulatedAllocator

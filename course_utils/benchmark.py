@@ -59,11 +59,15 @@ NETS = {"large": 5, "small": 4}
 
 
 def configs(net: str = "large", batch: int = 2, budget_gib: int = 8) -> dict[str, ex.Config]:
+    """One explorer ``Config`` per technique of ``TECHNIQUES`` for the ``net`` ("large" or "small")
+    at seed 000's volume, ``batch`` and a ``budget_gib`` card."""
     base = ex.Config(levels=NETS[net], volume=SEED000_VOLUME, batch=batch, budget_gib=budget_gib)
     return {name: replace(base, **kw) for name, kw in TECHNIQUES.items()}
 
 
 def predicted_row(cfg: ex.Config) -> dict[str, Any]:
+    """The predicted half of a benchmark row for ``cfg`` (any machine): peak and card needs in MiB,
+    the largest batch, activations kept after forward, where the peak is, GFLOP and seconds per step."""
     est, step = ex.estimate(cfg), ex.step_cost(cfg)  # step: FLOPs counted (FlopCounterMode), time estimated
     if cfg.batch == ex.PROBE_BATCH:  # the explorer's cached prediction is this very step
         p = ex.probe(cfg)
@@ -172,6 +176,7 @@ def run(out: str | Path, nets: tuple[str, ...] = ("large",), budget_gib: int = 8
 
 
 def markdown(results: dict[str, Any]) -> str:
+    """``run``'s results as markdown: the device line, then one table per net (a row per technique)."""
     meta, rows = results["meta"], results["rows"]
     cols = [c for c in rows[0] if c not in ("net",)] if rows else []
     lines = [f"Device **{meta['device']}**, {meta['date']}, torch {meta['torch']}; {meta['model']}.",
@@ -185,6 +190,8 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def plot(results: dict[str, Any], path: str | Path) -> None:
+    """Save ``run``'s results as a bar chart at ``path``: the predicted peak per technique (MiB),
+    the measured peak beside it when there is one, the budget card as a dashed line; one panel per net."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -61,7 +61,7 @@ def frozen_bn_stats(module: nn.Module) -> Iterator[None]:
                 m.num_batches_tracked.copy_(count)
 
 
-def save_convolutions(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+def save_convolutions(ctx, op, *args, **kwargs) -> CheckpointPolicy:  # noqa: ARG001 - torch's policy_fn(ctx, op, ...)
     """Selective-checkpointing policy: store convolution outputs, recompute everything else."""
     return CheckpointPolicy.MUST_SAVE if op in _CONV_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 

@@ -174,6 +174,9 @@ class _Saved:
 
 @dataclass(frozen=True)
 class Cost:
+    """A step's estimated cost on one GPU (``explorer.step_cost``): FLOPs, bytes moved, and the
+    seconds they take at the card's rates, in three terms added without overlap."""
+
     flops: int  # per step at the configuration's batch (FlopCounterMode: convolutions)
     offloaded_bytes: int  # what save_on_cpu copies to the host in forward and back in backward
     seconds: float  # estimated: compute_s + elementwise_s + transfer_s, not overlapped

@@ -187,12 +187,12 @@ def stored_per_layer(memory_efficient: bool, n_layers: int = 6, in_channels: int
     saved: dict[int, tuple[int | None, int]] = {}
 
     def pre(i):
-        def hook(module, args):
+        def hook(module, args):  # noqa: ARG001 - nn.Module forward pre-hook (module, args)
             current[0] = i
         return hook
 
     def post(i):
-        def hook(module, args, out):
+        def hook(module, args, out):  # noqa: ARG001 - nn.Module forward hook (module, args, output)
             made_by[storage_key(out)] = i
             current[0] = None
         return hook

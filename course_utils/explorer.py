@@ -204,6 +204,9 @@ def _lines(key: tuple) -> dict[str, tuple[float, float]]:
 
 @dataclass
 class Estimate:
+    """``estimate``'s answer for a configuration: the predicted bytes per GPU by part, the largest
+    global batch that fits the budget card, and the overheads the card must also hold."""
+
     config: Config
     local_batch: int
     parts: dict[str, int]  # bytes per GPU: params, grads, optimizer, activations, temporaries (+ DDP buckets)

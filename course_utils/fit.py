@@ -206,6 +206,9 @@ def _probe(build: Callable[[], nn.Module], input_shape: tuple[int, ...], loss: s
 
 @dataclass(frozen=True)
 class StepCost:
+    """What ``step_cost`` counted in one training step: FLOPs, element-wise bytes, and the bytes
+    offload would copy to the host."""
+
     flops: int  # FlopCounterMode: convolutions and matrix products, recomputation included
     elementwise_bytes: int  # cost.ElementwiseBytes: what the other ops read and write
     packed_bytes: int  # what save_on_cpu would copy to the host in forward (offload)
@@ -245,6 +248,9 @@ def step_cost(build: Callable[[], nn.Module], spec: StepSpec, batch: int,
 # --------------------------------------------------------------------------------------------
 @dataclass
 class Row:
+    """One technique in ``fit``'s table: the predicted peak and what the card needs (bytes per GPU),
+    whether it fits, the largest global batch and the estimated seconds per step."""
+
     technique: str
     peak: int  # predicted max_memory_allocated per GPU at the given batch
     breakdown: dict[str, int]  # MemTracker categories at the peak (per GPU)

@@ -44,6 +44,9 @@ class BasicBlock(nn.Module):
 
 
 class ResNet(nn.Module):
+    """A 2D ResNet laid out as torchvision's: conv1-bn1-relu-maxpool, four stages of ``BasicBlock``
+    (``layers`` blocks each, ``widths`` channels), average pooling and a linear head."""
+
     def __init__(self, layers: tuple[int, ...] = (2, 2, 2, 2), num_classes: int = 10, in_channels: int = 3,
                  widths: tuple[int, ...] = (64, 128, 256, 512)):
         super().__init__()

@@ -228,7 +228,7 @@ def bn_values_per_channel(side: int = FULL_SIDE, batches: Sequence[int] = (1, dn
         net = dn.densenet169()
         for name, m in net.named_modules():
             if isinstance(m, nn.BatchNorm2d):
-                m.register_forward_hook(lambda mod, inp, out, name=name: seen.append((name, tuple(inp[0].shape))))
+                m.register_forward_hook(lambda mod, inp, out, name=name: seen.append((name, tuple(inp[0].shape))))  # noqa: ARG005 - forward hook
         net(torch.empty(1, 1, side, side))
     rows = []
     for name, shape in seen:

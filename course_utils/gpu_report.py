@@ -116,6 +116,8 @@ def resolve(args: argparse.Namespace) -> tuple[list[plan.Planned], dict[str, str
 
 
 def print_plan(chosen: list[plan.Planned], done: dict[str, str], budget_s: float) -> None:
+    """Print ``--plan``: each chosen task's expected seconds and the kit call (of ``budget_s``
+    seconds) it would run in, or the recorded run that already has it; then what is left."""
     todo = [t for t in chosen if t.name not in done]
     call = dict(zip((t.name for t in todo), plan.calls(todo, budget_s), strict=True))
     print(f"{'task':<22} {'expected s':>10}  call  from")
@@ -128,6 +130,8 @@ def print_plan(chosen: list[plan.Planned], done: dict[str, str], budget_s: float
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m course_utils.gpu_report``: import a returned run, print the plan, or run the kit.
+    Returns the exit status (0: done, 1: a task failed or a return limit was passed, 2: an error)."""
     ap = _parser()
     args = ap.parse_args(argv)
     if args.import_from:
@@ -156,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, chosen: list[plan.Planned], done: dict[str, str]) -> int:
+    """Run the ``chosen`` tasks not in ``done`` within ``args.budget`` seconds, saving the output
+    folder after each; returns 1 if a task failed or the folder breaks a GPU call's return limits."""
     clock = Clock(args.budget)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -323,12 +323,15 @@ def build_zip(wheel: Path, out: Path, root: Path = ROOT) -> Path:
 
 
 def dist(out: Path = ROOT / "dist", root: Path = ROOT) -> tuple[Path, Path]:
+    """``make dist``: the wheel and the learner's zip in ``out``; returns their paths."""
     wheel = build_wheel(out, root)
     shutil.rmtree(root / "build" / "lib", ignore_errors=True)  # setuptools' staging copy, not the site's
     return wheel, build_zip(wheel, out, root)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m course_utils.hosted``: write or check the notebooks' setup cells, the tiers table,
+    or build the wheel and zip; returns 1 when ``--check-cells`` finds a stale cell, else 0."""
     ap = argparse.ArgumentParser(prog="python -m course_utils.hosted", description=__doc__.split("\n")[0])
     ap.add_argument("--update-cells", action="store_true", help="write SETUP_CELL into every notebook")
     ap.add_argument("--check-cells", action="store_true", help="exit 1 if a notebook's setup cell is missing or stale")

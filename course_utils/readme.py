@@ -255,6 +255,8 @@ HEADLINES: list[tuple[str, str, str, Callable[[], tuple[str, str]], bool]] = [
 
 
 def headlines(only: set[str] | None = None) -> dict[str, Any]:
+    """Compute the rows of ``HEADLINES`` (those in ``only``, or all): each question with the
+    seed's figure, the course's and how it was obtained; dated, with the torch version."""
     rows = []
     for key, question, seed, fn, _fast in HEADLINES:
         if only and key not in only:
@@ -273,6 +275,7 @@ def merge_figures(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 
 def fast_keys() -> set[str]:
+    """The keys of the ``HEADLINES`` rows fast enough for the test suite to recompute."""
     return {k for k, *_, fast in HEADLINES if fast}
 
 
@@ -308,6 +311,8 @@ def render_figures(data: dict[str, Any]) -> str:
 
 
 def render_benchmarks(folder: Path = BENCHMARKS) -> str:
+    """docs/benchmark.md's block: every recorded benchmark table in ``folder``, GPU runs before the
+    CPU predictions, with a note when no GPU run is recorded yet."""
     parts = []
     gpus = sorted(p for p in folder.glob("*.md") if not p.name.startswith("cpu-"))
     cpus = sorted(p for p in folder.glob("cpu-*.md"))
@@ -320,6 +325,8 @@ def render_benchmarks(folder: Path = BENCHMARKS) -> str:
 
 
 def replace_block(text: str, name: str, body: str, where: str = "README") -> str:
+    """``text`` with the body of its ``<!-- BEGIN name -->`` ... ``<!-- END name -->`` block replaced
+    by ``body``; ValueError naming ``where`` if it has no such block."""
     pattern = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)", re.S)
     if not pattern.search(text):
         raise ValueError(f"{where} has no '<!-- BEGIN {name} -->' ... '<!-- END {name} -->' block")
@@ -399,6 +406,8 @@ def merge_timings(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 
 def render_timings(data: dict[str, Any]) -> str:
+    """docs/teaching.md's timings table: each notebook's and solution's run time on a CPU
+    (seconds) and its suggested slot (minutes), with the machine and load they were measured at."""
     m = data["meta"]
     lines = [f"Measured by `python -m course_utils.readme --timings` on {m['date']} (torch {m['torch']}, "
              f"{m['cores']} cores, load average {m['load average before']} before and "
@@ -428,6 +437,8 @@ def write_timings(only: list[str] | None = None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m course_utils.readme``: recompute the figures (or ``--render`` the committed ones)
+    and rewrite the generated blocks; ``--timings`` also times the notebooks. Returns 0."""
     ap = argparse.ArgumentParser(prog="python -m course_utils.readme", description=__doc__.splitlines()[0])
     ap.add_argument("--render", action="store_true",
                     help="do not recompute the figures: re-render the generated blocks from the committed JSON")

@@ -141,6 +141,9 @@ def collect(src: str | Path, dest: str | Path | None = None) -> Path:
 
 @dataclass
 class Recorded:
+    """One figure recorded on a GPU (``lookup``'s answer): its key, its value, and the run's GPU,
+    date and versions; ``label`` says so in words."""
+
     key: str
     value: Any
     meta: dict[str, str]

@@ -520,6 +520,9 @@ Next (CONTRIBUTING.md, "Adding a notebook"): replace the template's example, mar
 
 
 def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
+    """``python -m course_utils.scaffold [NN "Title"] [--check]``: add notebook NN's missing parts,
+    or list what disagrees. Exit status 1: ``--check`` found a problem, or a title was given and
+    nothing was created; 2: an error."""
     ap = argparse.ArgumentParser(prog="python -m course_utils.scaffold", description=__doc__.splitlines()[0])
     ap.add_argument("nn", nargs="?", help="the notebook's number, two digits (the next one for a new notebook)")
     ap.add_argument("title", nargs="?", help="a new notebook's title, e.g. \"Activation offloading\"")

@@ -142,7 +142,7 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
 def _global_norm(stats_log: list):
     """BatchNorm with the statistics of the whole volume: per-channel sums over each rank's
     owned voxels, all-reduced."""
-    def norm(i: int, bn: nn.Module, a: torch.Tensor, own: tuple[slice, ...]) -> torch.Tensor:
+    def norm(_i: int, bn: nn.Module, a: torch.Tensor, own: tuple[slice, ...]) -> torch.Tensor:
         own_a = region(a, own)
         dims = [0, *range(2, own_a.dim())]
         c = own_a.shape[1]

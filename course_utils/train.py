@@ -93,6 +93,8 @@ def train_step(
 
 @dataclass
 class History:
+    """What ``train`` recorded: the loss and the Dice score of every step, in order."""
+
     loss: list[float] = field(default_factory=list)
     dice: list[float] = field(default_factory=list)
 

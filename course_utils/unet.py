@@ -365,7 +365,7 @@ def level_shapes(model: UNet3D, volume: Sequence[int], batch: int = 1) -> list[t
     blocks += [(f"ups.{k}", m) for k, m in enumerate(meta.ups)]
     blocks += [("outc", meta.outc)]
     for name, m in blocks:
-        m.register_forward_hook(lambda mod, i, o, n=name: rows.append((n, tuple(o.shape))))
+        m.register_forward_hook(lambda mod, i, o, n=name: rows.append((n, tuple(o.shape))))  # noqa: ARG005 - forward hook
     with torch.no_grad():
         meta(x)
     return rows

@@ -42,7 +42,7 @@ def deadline(seconds: float) -> Iterator[None]:
     if seconds <= 0:
         raise BudgetExceeded(f"no time left (deadline {seconds:.1f} s)")
 
-    def fire(signum: int, frame: Any) -> None:
+    def fire(signum: int, frame: Any) -> None:  # noqa: ARG001 - signal handler (signum, frame)
         raise BudgetExceeded(f"the budget ended ({seconds:.0f} s after the task started)")
 
     t0 = time.monotonic()

@@ -59,7 +59,9 @@ def _save(item: Any, report: Any) -> None:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: Any, call: Any):
+def pytest_runtest_makereport(item: Any, call: Any):  # noqa: ARG001 - pytest's hook spec (item, call)
+    """After each cell nbval runs (its call, or a setup that failed): write the notebook so far and
+    the cell's outcome to ``COURSE_NBVAL_KEEP``; without that variable, nothing."""
     outcome = yield
     report = outcome.get_result()
     if not os.environ.get(ENV_VAR) or not hasattr(item, "cell") or not hasattr(item, "test_outputs"):

@@ -117,6 +117,8 @@ class _Tee(io.TextIOBase):
 
 
 def tee_stdout(log: record.Log) -> contextlib.AbstractContextManager:
+    """A context in which ``sys.stdout`` writes to the kit's ``log`` and, when the log echoes, to the
+    call's output too (``_Tee``)."""
     return contextlib.redirect_stdout(_Tee(log, sys.stdout))
 
 
@@ -139,6 +141,8 @@ def _miss(pred: int, meas: int) -> float:
 # The tasks
 # --------------------------------------------------------------------------------------------
 def diagnose_case(kit: Kit, name: str) -> dict[str, Any]:
+    """Task ``diagnose/<name>``: one step predicted and measured op by op (``diagnose.step_case``);
+    the result goes to kit.json, every op's row to ``diagnose-<name>.json`` in the details."""
     result, detail = diagnose.step_case(name, kit.dry_run, kit.log)
     kit.detail(f"diagnose-{name}.json", detail)
     return result
@@ -169,6 +173,8 @@ def gpu_tests(kit: Kit, clock: Clock) -> dict[str, Any]:
 
 
 def run_benchmark(kit: Kit, net: str) -> dict[str, Any]:
+    """Task ``benchmark/<net>``: ``benchmark.run`` on one net (measured unless a dry run); its files
+    go to the details. Returns its table and, measured, the largest miss (%) and the rows beyond 5 %."""
     folder = kit.work / f"benchmark-{net}"
     results = benchmark.run(folder, nets=(net,), measure=not kit.dry_run,
                             techniques=kit.state["options"].get("techniques"), progress=True)
@@ -291,11 +297,11 @@ def build(kit: Kit, name: str) -> Callable[[Clock], dict[str, Any]]:
         "examples/fit": lambda: fit_examples(kit),
     }
     if name in simple:
-        fn: Callable[[Clock], dict[str, Any]] = lambda clock: simple[name]()  # noqa: E731
+        fn: Callable[[Clock], dict[str, Any]] = lambda _clock: simple[name]()  # noqa: E731
     elif group == "diagnose":
-        fn = lambda clock: diagnose_case(kit, what)  # noqa: E731
+        fn = lambda _clock: diagnose_case(kit, what)  # noqa: E731
     elif group == "benchmark":
-        fn = lambda clock: run_benchmark(kit, what)  # noqa: E731
+        fn = lambda _clock: run_benchmark(kit, what)  # noqa: E731
     elif name == "tests":
         fn = lambda clock: gpu_tests(kit, clock)  # noqa: E731
     elif group == "notebook":

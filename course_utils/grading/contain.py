@@ -131,6 +131,8 @@ def _init(argv: list[str], report_fd: int) -> None:
 
 
 def run(argv: list[str], shm_bytes: int) -> int:
+    """The launcher: enter the namespaces (``enter``), fork their init, which runs ``argv``, and
+    return the way ``argv`` ended (its exit code; killed by a signal: the same signal, or 128 + it)."""
     libc = _libc()
     parent = os.getppid()
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -191,6 +193,8 @@ def probe() -> tuple[bool, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``contain.py --shm-bytes N -- PROGRAM ARG...`` (or ``--probe``: can this user contain a run?);
+    returns the exit status, 2 on a wrong command line."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--probe"]:
         ok, why = probe()

@@ -93,6 +93,9 @@ class Raised:
 # --------------------------------------------------------------------------------------------
 @dataclass
 class PartResult:
+    """One part's result in a ``Report``: its points, whether it passed, and the message saying why
+    not; ``checked`` False when the student release cannot check it (the teacher's grader does)."""
+
     key: str
     name: str
     points: int
@@ -111,6 +114,9 @@ class PartResult:
 
 @dataclass
 class Report:
+    """One check's results, part by part, for an exercise; ``score`` and ``max_score`` count the
+    parts this installation can check."""
+
     exercise: str
     title: str
     parts: list[PartResult] = field(default_factory=list)
@@ -190,6 +196,9 @@ class Score(float):
 # --------------------------------------------------------------------------------------------
 @dataclass
 class Part:
+    """A graded part of an exercise: its points, the learner's names it needs, and its ``observe``
+    and ``judge`` functions (set with the decorators ``@PART.observe`` and ``@PART.judge``)."""
+
     key: str
     name: str
     points: int
@@ -384,6 +393,7 @@ def roundtrip(data: Any) -> Any:
 # Comparisons (judge side)
 # --------------------------------------------------------------------------------------------
 def fmt(v: Any) -> str:
+    """A value for a message: an int with thousands separators (1,048,576), anything else as its repr."""
     if isinstance(v, bool) or not isinstance(v, int):
         return repr(v)
     return f"{v:,}"
@@ -414,6 +424,8 @@ def same(a: Any, b: Any) -> bool:
 
 
 def expect_equal(label: str, got: Any, expected: Any, secret: bool = False) -> None:
+    """Raise ``CheckFailed`` unless ``got`` is ``same`` as ``expected``; the message shows both, or
+    only ``got`` for a ``secret`` part (its answer must not be printed)."""
     if not same(got, expected):
         if secret:
             raise CheckFailed(f"{label}: {fmt(got)} is not right")
@@ -421,18 +433,21 @@ def expect_equal(label: str, got: Any, expected: Any, secret: bool = False) -> N
 
 
 def expect_int(label: str, got: Any) -> int:
+    """``got`` if it is an int (not a bool); otherwise raise ``CheckFailed`` saying what it is."""
     if isinstance(got, bool) or not isinstance(got, int):
         raise CheckFailed(f"{label}: expected an int, got {describe(got)}")
     return got
 
 
 def expect_bool(label: str, got: Any) -> bool:
+    """``got`` if it is True or False; otherwise raise ``CheckFailed`` saying what it is."""
     if not isinstance(got, bool):
         raise CheckFailed(f"{label}: expected True or False, got {describe(got)}")
     return got
 
 
 def expect_str(label: str, got: Any) -> str:
+    """``got`` if it is a string; otherwise raise ``CheckFailed`` saying what it is."""
     if not isinstance(got, str):
         raise CheckFailed(f"{label}: expected a string, got {describe(got)}")
     return got
@@ -528,6 +543,8 @@ def expect_tensors(label: str, got: Any, like: list, none_ok: bool = False, what
 
 def expect_close(label: str, got: Any, expected: torch.Tensor, atol: float = 1e-5,
                  rtol: float = 1e-4) -> None:
+    """Raise ``CheckFailed`` unless ``got`` is a tensor of ``expected``'s shape and dtype, finite,
+    and within ``atol + rtol * |expected|`` of it element by element."""
     expect_tensor(label, got, expected.shape, expected.dtype)
     if not bool(torch.isfinite(got).all()):
         raise CheckFailed(f"{label}: contains NaN or inf")

@@ -149,6 +149,8 @@ def _input(seed: int, k: int) -> torch.Tensor:
 
 @reference
 def new_storage_bytes(fn: Callable, x: torch.Tensor) -> int:
+    """The bytes ``fn(x)`` allocates: 0 when its result shares ``x``'s storage (a view), else the
+    size of the result's storage."""
     out = fn(x)
     if out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
         return 0

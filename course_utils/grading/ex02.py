@@ -47,11 +47,15 @@ def logger_inputs(seed: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
 
 
 def hook_count(model: nn.Module) -> int:
+    """How many module hooks (forward pre, forward, backward pre, backward) are still registered
+    on ``model`` and its submodules: 0 after a logger that removes its own."""
     return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) + len(m._backward_pre_hooks)
                + len(m._backward_hooks) for m in model.modules())
 
 
 def run_logger(log_hooks, seed: int) -> dict:
+    """Run ``log_hooks`` on the seed's net and batch with a saved-for-backward bytes counter; returns
+    its rows (as lists) and the hooks it left on the model."""
     model, x, target = logger_inputs(seed)
     with SavedTensorMeter(model.parameters()) as meter:
         rows = log_hooks(model, x, target, lambda: meter.current)
@@ -60,16 +64,19 @@ def run_logger(log_hooks, seed: int) -> dict:
 
 @reference
 def reference_log_hooks(model, x, target, counter) -> list[tuple[str, str, int]]:
+    """The reference logger: the four hooks on every leaf module, one forward and backward, one row
+    ``(module name, hook, counter())`` per call; the hooks removed after."""
     rows: list[tuple[str, str, int]] = []
     handles = []
     for name, m in model.named_modules():
         if any(True for _ in m.children()):
             continue
         handles += [
-            m.register_forward_pre_hook(lambda mod, args, n=name: rows.append((n, "pre", counter()))),
-            m.register_forward_hook(lambda mod, args, out, n=name: rows.append((n, "fwd", counter()))),
-            m.register_full_backward_pre_hook(lambda mod, gout, n=name: rows.append((n, "bwd_pre", counter()))),
-            m.register_full_backward_hook(lambda mod, gin, gout, n=name: rows.append((n, "bwd", counter()))),
+            # ARG005: the hooks' signatures, (module, args[, output]) and (module, [grad_input,] grad_output)
+            m.register_forward_pre_hook(lambda mod, args, n=name: rows.append((n, "pre", counter()))),  # noqa: ARG005
+            m.register_forward_hook(lambda mod, args, out, n=name: rows.append((n, "fwd", counter()))),  # noqa: ARG005
+            m.register_full_backward_pre_hook(lambda mod, gout, n=name: rows.append((n, "bwd_pre", counter()))),  # noqa: ARG005
+            m.register_full_backward_hook(lambda mod, gin, gout, n=name: rows.append((n, "bwd", counter()))),  # noqa: ARG005
         ]
     try:
         nn.functional.cross_entropy(model(x), target).backward()
@@ -82,6 +89,7 @@ def reference_log_hooks(model, x, target, counter) -> list[tuple[str, str, int]]
 @reference
 @functools.lru_cache(maxsize=4)
 def reference_rows(seed: int) -> list:
+    """The reference logger's rows for ``seed`` (cached: every part judges the same run)."""
     return run_logger(reference_log_hooks, seed)["rows"]
 
 

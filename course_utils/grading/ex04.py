@@ -52,7 +52,7 @@ def watch_step(amp_step, seed: int, init_scale: float) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
     dtypes, raw = [], []
-    h1 = model[0].register_forward_hook(lambda m, i, o: dtypes.append(str(o.dtype)))
+    h1 = model[0].register_forward_hook(lambda m, i, o: dtypes.append(str(o.dtype)))  # noqa: ARG005 - forward hook
     h2 = model[0].weight.register_hook(lambda g: raw.append(g.detach().clone()))
     try:
         loss = amp_step(model, x, y, opt, scaler)
@@ -82,6 +82,7 @@ def fp32_step(seed: int) -> dict:
 
 
 def fp32_gradient(seed: int) -> torch.Tensor:
+    """The first layer's weight gradient of a correct step, unscaled (``fp32_step``)."""
     return fp32_step(seed)["grad"]
 
 

@@ -45,6 +45,8 @@ def abn_case(seed: int, salt: int, shape: tuple[int, ...], training: bool) -> di
 
 
 def run_learner(abn_backward, case: dict) -> list:
+    """The learner's ``abn_backward`` on a case (copies of its tensors, so the case stays intact);
+    returns ``[dx, dweight, dbias]``, or raises TypeError when it does not return three."""
     out = abn_backward(case["z"].clone(), case["dz"].clone(), case["weight"].clone(), case["bias"].clone(),
                        case["invstd"].clone(), case["slope"], case["training"])
     if not isinstance(out, (tuple, list)) or len(out) != 3:
@@ -54,6 +56,8 @@ def run_learner(abn_backward, case: dict) -> list:
 
 @reference
 def autograd_gradients(case: dict) -> list[torch.Tensor]:
+    """The reference ``[dx, dweight, dbias]``: autograd through BatchNorm and LeakyReLU on the same
+    case (float64)."""
     x = case["x"].clone().requires_grad_()
     w = case["weight"].clone().requires_grad_()
     b = case["bias"].clone().requires_grad_()

@@ -44,6 +44,9 @@ def _encoder_input(seed: int) -> torch.Tensor:
 
 
 def run_encoder(encoder_forward, seed: int) -> dict:
+    """Run ``encoder_forward`` on the seed's U-Net and input, then backward from the skips' sum;
+    returns the skips, the encoder's gradients, the saved-for-backward peak (bytes) and BatchNorm's
+    batch counts and running statistics."""
     net = _encoder_net(seed)
     x = _encoder_input(seed)
     with SavedTensorMeter(net.parameters()) as meter:
@@ -62,6 +65,7 @@ def run_encoder(encoder_forward, seed: int) -> dict:
 
 @reference
 def plain_encoder(net, x):
+    """The encoder without checkpointing: ``inc`` and every ``down`` in turn, each output a skip."""
     skips = [net.inc(x)]
     for down in net.downs:
         skips.append(down(skips[-1]))
@@ -71,6 +75,7 @@ def plain_encoder(net, x):
 @reference
 @functools.lru_cache(maxsize=8)
 def encoder_reference(seed: int) -> dict:
+    """``run_encoder``'s observation of the plain encoder for ``seed`` (cached)."""
     return run_encoder(plain_encoder, seed)
 
 
@@ -204,6 +209,7 @@ def plan_net() -> UNet3D:
 
 
 def plan_input() -> torch.Tensor:
+    """The fixed input the checkpoint plans are measured on: (1, 1, 8, 8, 8), from generator seed 7."""
     return torch.randn(1, 1, 8, 8, 8, generator=torch.Generator().manual_seed(7))
 
 
@@ -258,6 +264,7 @@ def _plan_budgets(seed: int) -> tuple[int, ...]:
 @reference
 @functools.lru_cache(maxsize=None)
 def plan_saved(plan: frozenset) -> int:
+    """Saved-for-backward bytes with the blocks of ``plan`` checkpointed (cached per plan)."""
     return saved_bytes_with(sorted(plan))
 
 

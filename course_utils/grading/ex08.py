@@ -41,6 +41,7 @@ WORLD = 2
 
 
 def processes_label(world: int = WORLD) -> str:
+    """How the check's processes run, for a part's name: the backend and the device of each rank."""
     backend, device = parallel.backend_for(world)
     return f"{world} processes ({backend}, {'one GPU each' if device == 'cuda' else 'CPU'})"
 
@@ -64,6 +65,8 @@ _last_run: list = [None, None]  # (ddp_step, its observation): three parts, one 
 
 
 def run_ddp(ddp_step) -> dict:
+    """Launch ``ddp_step`` on ``WORLD`` processes and return the ranks' results (or the launch's
+    error); the last launch is reused, since the three parts observe the same run."""
     if _last_run[0] is ddp_step:
         return _last_run[1]
     _last_run[:] = [ddp_step, _launch(ddp_step)]
@@ -139,6 +142,7 @@ def _(got, seed):
 
 @reference
 def full_batch_grads(config: dict) -> list:
+    """The reference: the gradients of one process on the whole batch of ``config`` (cached)."""
     return _full_batch_grads(tuple(sorted(config.items())))
 
 

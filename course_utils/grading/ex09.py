@@ -35,6 +35,8 @@ def _input(seed: int) -> torch.Tensor:
 
 
 def run_split(split_unet, seed: int) -> dict:
+    """Split the seed's U-Net with ``split_unet``, run ``stage2(stage1(x))`` and backward; returns
+    the parameters the stages share and cover, the output and every parameter's gradient by name."""
     net = _net(seed)
     stages = split_unet(net)
     if not (isinstance(stages, (tuple, list)) and len(stages) == 2):
@@ -50,6 +52,7 @@ def run_split(split_unet, seed: int) -> dict:
 @reference
 @functools.lru_cache(maxsize=4)
 def unsplit(seed: int) -> dict:
+    """The reference: the whole net's output and gradients on the same input (cached per seed)."""
     net = _net(seed)
     out = net(_input(seed))
     out.sum().backward()
@@ -123,6 +126,8 @@ def _(got, seed):
 
 # -- boundary_bytes(net, input_shape, dtype) ----------------------------------------------------
 def boundary_cases(seed: int) -> list[dict]:
+    """The nets and inputs ``boundary_bytes`` is asked about: seed 000's large net at its fp16 batch,
+    and a U-Net whose depth, batch and volume are drawn from the seed."""
     g = seeded(seed, 92)
     levels = int(torch.randint(3, 6, (1,), generator=g))
     side = 2 ** (levels - 1)
@@ -155,6 +160,8 @@ def _(boundary_bytes, seed):
 
 @reference
 def reference_boundary(case: dict) -> int:
+    """The bytes that cross the cut for ``case``: every skip and the encoder's output (``inc`` and
+    the ``downs``' outputs), at the case's batch and dtype."""
     net = _build(case)
     rows = level_shapes(net, case["shape"][2:], batch=case["shape"][0])
     size = torch.empty((), dtype=getattr(torch, case["dtype"])).element_size()

@@ -42,10 +42,14 @@ RUN_METADATA = ("execution", "collapsed", "scrolled")
 
 
 class SolutionFormatError(ValueError):
+    """A solution notebook breaks nbgrader's rules (a region outside a solution cell, nested or
+    unclosed regions, a hint inside one); the message names the notebook and cell."""
+
     pass
 
 
 def is_solution(cell) -> bool:
+    """Whether ``cell`` is marked as an nbgrader solution cell (metadata ``nbgrader.solution``)."""
     return bool(cell.get("metadata", {}).get("nbgrader", {}).get("solution", False))
 
 
@@ -77,6 +81,8 @@ def stub_cell_source(source: str, cell_type: str = "code", where: str = "") -> t
 
 
 def make_exercise(solution: nbformat.NotebookNode, name: str = "") -> nbformat.NotebookNode:
+    """The exercise notebook of ``solution``: each solution region replaced by nbgrader's stub, no
+    outputs, execution counts or run metadata (a copy: ``solution`` is not changed)."""
     nb = copy.deepcopy(solution)
     for i, cell in enumerate(nb.cells):
         where = f"{name} cell {i} ({cell.cell_type})"
@@ -96,6 +102,7 @@ def make_exercise(solution: nbformat.NotebookNode, name: str = "") -> nbformat.N
 
 
 def exercise_text(solution_path: Path) -> str:
+    """The text of the exercise notebook generated from the solution at ``solution_path``."""
     nb = make_exercise(nbformat.read(solution_path, as_version=4), solution_path.name)
     return nbformat.writes(nb) + "\n"
 
@@ -123,6 +130,8 @@ def generate(check: bool = False, root: Path = ROOT) -> tuple[list[str], list[st
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m course_utils.grading.generate [--check]``; returns the exit status (1: ``--check``
+    found a stale or orphaned exercise, 2: a solution breaks nbgrader's rules)."""
     ap = argparse.ArgumentParser(prog="python -m course_utils.grading.generate",
                                  description="exercises/ from solutions/ (nbgrader's rules)")
     ap.add_argument("--check", action="store_true", help="only report stale or orphaned exercises")

@@ -42,6 +42,8 @@ from .grader import Grader, Options, Result, clip_text, containment
 # A class
 # --------------------------------------------------------------------------------------------
 def notebooks_in(paths: list[str]) -> list[Path]:
+    """The notebooks to grade: each path given, and the ``*.ipynb`` of each folder (hidden files
+    left out); a path that does not exist raises FileNotFoundError."""
     found: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -192,6 +194,8 @@ CSV_COLUMNS = ["submission", "exercise", "status", "score", "max_score", "percen
 
 
 def write_csv(results: list[Result], path: str | Path) -> None:
+    """Write the class report to ``path``: one row per submission with its score, the parts it
+    failed and why, the grader's notes and the inputs' seed."""
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(CSV_COLUMNS)
@@ -218,6 +222,8 @@ def _prepare_output(path: str | None, what: str) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m course_utils.grading.grade PATH...``: grade every notebook, print the summary and
+    how runs were confined, write ``--json`` / ``--csv``; returns 0, or 2 on a wrong argument."""
     ap = argparse.ArgumentParser(prog="python -m course_utils.grading.grade",
                                  description="Grade exercise notebooks (a class folder).")
     ap.add_argument("paths", nargs="+", help="notebooks or folders of notebooks (NN_name.ipynb)")

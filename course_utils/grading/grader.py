@@ -44,6 +44,9 @@ STARTUP_S = 180.0  # the sandbox's imports and the rebuild of the notebook's def
 
 @dataclass
 class Options:
+    """The limits a teacher sets for a class run (``grade``'s command line): time in seconds,
+    memory and disk in GiB, output in MiB, the sandbox's confinement and the inputs' seed."""
+
     cell_timeout: float = 120.0  # seconds per cell of the notebook run
     total_timeout: float | None = None  # seconds for the whole notebook run (default 10 x cell, >= 600)
     check_timeout: float = 300.0  # seconds per graded part in the sandbox
@@ -83,6 +86,9 @@ class Options:
 
 @dataclass
 class Result:
+    """One submission graded: one row of the class's report (its score and each part's), with the
+    notes, the notebook run's cells and the graded sources for the teacher."""
+
     submission: str
     exercise: str
     title: str = ""
@@ -106,6 +112,8 @@ class Result:
 
 
 def exercise_id(path: Path) -> str:
+    """The exercise number of a submission, from its file name (``01_alice.ipynb``: "01"); a name
+    without one, or with no such exercise, raises ValueError."""
     m = re.match(r"(\d\d)_", path.name)
     if not m:
         raise ValueError(f"{path.name}: cannot tell the exercise; name it NN_name.ipynb (e.g. 01_alice.ipynb)")
@@ -123,6 +131,7 @@ def _cell_name(cell: dict) -> str:
 
 
 def clip_text(text: str, n: int = NOTE_TEXT) -> str:
+    """``text`` cut to ``n`` characters (marked ``[...]``): a note never holds a learner's flood."""
     text = str(text)
     return text if len(text) <= n else text[:n] + " [...]"
 

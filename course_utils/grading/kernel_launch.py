@@ -31,6 +31,8 @@ def write_kernel_spec(scratch: Path, limits: dict) -> None:
 
 
 def main() -> None:
+    """The kernel's entry point: limit this process as ``SPEC.json`` says, import the notebook's
+    modules ahead, limit its output, then start ipykernel with the remaining arguments."""
     spec_path, rest = sys.argv[1], sys.argv[2:]
     with open(spec_path) as f:
         spec = json.load(f)

@@ -53,6 +53,9 @@ WHY_DEL = "it is a `del`: the grader keeps every definition"
 
 @dataclass
 class CodeCell:
+    """A code cell of the notebook: where it is, its number, and its source before and after its
+    IPython magics are turned into Python."""
+
     index: int  # position among all cells
     number: int  # 1-based among code cells (JupyterLab's [n] when run top to bottom)
     source: str  # as written
@@ -60,6 +63,8 @@ class CodeCell:
 
 
 def code_cells(nb) -> list[CodeCell]:
+    """The code cells of ``nb`` in order, numbered from 1 as JupyterLab shows them when run top to
+    bottom."""
     cells, number = [], 0
     for i, cell in enumerate(nb.cells):
         if cell.get("cell_type") != "code":
@@ -261,6 +266,8 @@ def _analyse(cell: CodeCell, stmt: ast.stmt) -> _Statement:
 
 
 def cell_filename(cell: CodeCell) -> str:
+    """The file name a cell's code is compiled under (``<notebook code cell N>``): how a function
+    is known to come from the notebook, and what ``inspect.getsource`` reads it back from."""
     return f"{FILENAME_PREFIX}{cell.number}>"
 
 
@@ -289,6 +296,9 @@ class Dropped:
 
 @dataclass
 class Rebuilt:
+    """What ``rebuild`` made of a notebook: the namespace the kept statements built, the statements
+    that failed or were not run (and why), and each graded name's source."""
+
     namespace: dict[str, Any]
     problems: list[str] = field(default_factory=list)  # statements that failed, cells that did not parse
     failed: dict[str, Raised] = field(default_factory=dict)  # name -> why the statement binding it failed

@@ -87,6 +87,7 @@ def release_course_utils(src: Path, dest: Path) -> list[str]:
 
 
 def clean_notebook(path: Path, dest: Path) -> None:
+    """Write ``path`` to ``dest`` without outputs, execution counts or run metadata."""
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
         for key in ("execution", "collapsed", "scrolled"):
@@ -108,6 +109,9 @@ def _fresh_folder(out: Path, force: bool) -> Path:
 
 
 def release(out: Path, root: Path = ROOT, force: bool = False) -> dict:
+    """Write the student release into ``out`` (replaced only with ``force``): the lessons, the
+    exercises, ``course_utils`` without answers, the release's own files; returns the folder and the
+    grading modules stripped. RuntimeError when ``check_release`` finds an answer or a broken link."""
     out = _fresh_folder(out, force)
     out.mkdir(parents=True)
     (out / "notebooks").mkdir()
@@ -391,6 +395,8 @@ def nbgrader_course(out: Path, root: Path = ROOT, force: bool = False) -> list[s
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m course_utils.grading.release OUT [--force] [--nbgrader-course]``; returns the exit
+    status (2 when OUT exists without ``--force`` or the release cannot be made)."""
     ap = argparse.ArgumentParser(prog="python -m course_utils.grading.release",
                                  description="Write what learners get for graded work (no answers).")
     ap.add_argument("out", help="a new folder")

@@ -53,7 +53,7 @@ def _make_client(nb, spec):
         flooded: set = set()
         interrupted = False
 
-        def output(self, outs, msg, display_id, cell_index):
+        def output(self, outs, msg, display_id, cell_index):  # noqa: ARG002 - overrides NotebookClient.output
             content = msg.get("content", {})
             if msg["msg_type"] == "error":
                 outs.append({"output_type": "error", "ename": str(content.get("ename", ""))[:200],
@@ -143,7 +143,7 @@ def run(spec: dict) -> dict:
 
     kernel_proc: list = []
 
-    def on_start(cell, cell_index, **kw):
+    def on_start(cell, cell_index, **kw):  # noqa: ARG001 - nbclient's on_cell_execute(cell=, cell_index=)
         if not kernel_proc:
             try:
                 kernel_proc.append(client.km.provisioner.process)
@@ -154,7 +154,7 @@ def run(spec: dict) -> dict:
         sys.stdout.write(json.dumps({"start": cell_index}) + "\n")
         sys.stdout.flush()
 
-    def on_done(cell, cell_index, **kw):
+    def on_done(cell, cell_index, **kw):  # noqa: ARG001 - nbclient's on_cell_executed(cell=, cell_index=, ...)
         durations[cell_index] = time.monotonic() - starts.get(cell_index, time.monotonic())
         type(client).current = [None, 0.0]
 
@@ -201,6 +201,8 @@ def run(spec: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m course_utils.grading.runner SPEC.json``: run the notebook, print the report as
+    one JSON line, and exit at once (no interpreter teardown)."""
     argv = sys.argv[1:] if argv is None else argv
     with open(argv[0]) as f:
         spec = json.load(f)

@@ -47,6 +47,8 @@ def observe_notebook(nb, nn_id: str, keys, seed: int, save=None, on_rebuilt=None
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m course_utils.grading.sandbox SPEC.json``: limit this process, rebuild the
+    notebook's graded objects, observe the requested parts into ``obs/``, and exit at once."""
     argv = sys.argv[1:] if argv is None else argv
     with open(argv[0]) as f:
         spec = json.load(f)

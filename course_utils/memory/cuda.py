@@ -15,6 +15,7 @@ from .units import GiB, mib
 
 
 def require_cuda(what: str) -> None:
+    """Raise RuntimeError naming ``what`` and the CPU alternatives when there is no CUDA GPU."""
     if not torch.cuda.is_available():
         raise RuntimeError(
             f"{what} needs a CUDA GPU and torch.cuda.is_available() is False. "
@@ -25,6 +26,9 @@ def require_cuda(what: str) -> None:
 
 @dataclass
 class CudaPeak:
+    """What ``cuda_peak`` measured around a step, in bytes: the allocator's peaks, what was left
+    after it, what the forward kept, and the driver's used memory (the CUDA context included)."""
+
     peak_allocated: int
     peak_reserved: int
     allocated_after: int

@@ -24,6 +24,9 @@ CATEGORIES = ("Parameter", "Buffer", "Gradient", "Optstate", "Activation", "Temp
 
 @dataclass
 class Row:
+    """One module event of ``MemoryLog``: which module and hook, the live tensor bytes MemTracker
+    counts, the saved-for-backward bytes, and the CUDA allocator's figures on a GPU."""
+
     event: int
     call: int
     module: str

@@ -16,6 +16,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def storage_key(t: torch.Tensor) -> int:
+    """An id of ``t``'s storage, the same for every view of it: two tensors that share memory have
+    the same key."""
     # data_ptr() is 0 for every fake tensor; the storage object's C pointer is unique per storage.
     return t.untyped_storage()._cdata
 

@@ -51,14 +51,14 @@ def train_worker(rank: int, world: int, device: torch.device, config: dict) -> d
     return {"rank": rank, "losses": losses}
 
 
-def failing_worker(rank: int, world: int, device: torch.device, config: dict) -> None:
+def failing_worker(rank: int, world: int, device: torch.device, config: dict) -> None:  # noqa: ARG001 - launch's worker
     """For the demo of failures: rank 1 raises while rank 0 waits for it at a barrier."""
     if rank == 1:
         raise ValueError("rank 1 failed on purpose (a bad shape, a missing file, ...)")
     dist.barrier()
 
 
-def stuck_worker(rank: int, world: int, device: torch.device, config: dict) -> None:
+def stuck_worker(rank: int, world: int, device: torch.device, config: dict) -> None:  # noqa: ARG001 - launch's worker
     """For the demo of hangs: rank 1 never reaches the barrier rank 0 waits at."""
     if rank == 1:
         time.sleep(config.get("sleep_s", 600))
@@ -79,7 +79,7 @@ def source_worker(rank: int, world: int, device: torch.device, config: dict) -> 
     seen: list[int] = []
     devices: list[str] = []
 
-    def record(module, args):
+    def record(module, args):  # noqa: ARG001 - nn.Module forward pre-hook (module, args)
         seen.append(args[0].shape[0])
         devices.append(str(args[0].device))
 

@@ -109,7 +109,7 @@ def gn_relu(channels: int) -> list[nn.Module]:
     return [nn.GroupNorm(min(4, channels), channels), nn.ReLU(inplace=True)]
 
 
-def relu_only(channels: int) -> list[nn.Module]:
+def relu_only(channels: int) -> list[nn.Module]:  # noqa: ARG001 - the U-Net's norm_act(channels)
     """``norm_act`` without normalisation (notebook 08 compares TF32's error with and without)."""
     return [nn.ReLU(inplace=True)]
 
@@ -175,6 +175,8 @@ def per_replica_bn_errors(seeds: Sequence[int], world: int = 2, config: dict | N
 
 
 def state_bytes(params, optimizer) -> dict[str, int]:
+    """This rank's bytes of parameters, gradients and optimizer state (a sharded tensor counts its
+    local shard; the optimizer's scalars, such as Adam's step, are left out)."""
     def local(t):
         t = t.to_local() if hasattr(t, "to_local") else t
         return t.numel() * t.element_size()

@@ -78,6 +78,7 @@ class LaunchTimeout(TimeoutError):
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now, for a launch's rendezvous."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -326,11 +326,11 @@ class _ContiguousGrad(torch.autograd.Function):
     a strided slice, and gloo sends and receives only contiguous tensors."""
 
     @staticmethod
-    def forward(ctx, t: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, t: torch.Tensor) -> torch.Tensor:  # noqa: ARG004 - torch.autograd.Function
         return t.view_as(t)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: ARG004 - torch.autograd.Function
         return grad.contiguous()
 
 

@@ -34,7 +34,7 @@ def _branch_inputs(net: nn.Module, x: torch.Tensor, force: list | None = None) -
         if force is not None:
             stash[id(module)] = inputs[0].clone()  # an in-place ReLU overwrites its input
 
-    def post(module, inputs, output):
+    def post(module, inputs, output):  # noqa: ARG001 - nn.Module forward hook (module, args, output)
         if force is None:
             return None
         i = len(seen) - 1

@@ -45,6 +45,9 @@ _SUPPORTED = ("nn.Sequential chains of ConvNd (stride 1, odd kernel, 'same' zero
 
 @dataclass(frozen=True)
 class Layer:
+    """One layer of a ``ConvChain``: its path in the model, the module, its kind, and the halo it
+    needs on each spatial axis, in voxels (a convolution's radius; none for the other kinds)."""
+
     name: str  # the module's path in the model, e.g. "2" or "block.conv"
     module: nn.Module
     kind: str  # "conv" | "pointwise" | "batchnorm"

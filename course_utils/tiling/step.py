@@ -203,7 +203,7 @@ class TiledStep:
 
 def _normalised_with(stats: list[tuple[torch.Tensor, torch.Tensor]]) -> Callable:
     """``run_chain``'s normalisation: BatchNorm layer i with the statistics ``stats[i]``."""
-    def fixed(i: int, bn: nn.Module, a: torch.Tensor, own: tuple[slice, ...]) -> torch.Tensor:
+    def fixed(i: int, bn: nn.Module, a: torch.Tensor, _own: tuple[slice, ...]) -> torch.Tensor:
         mean, var = stats[i]
         return normalise(bn, a, mean, var)
 
@@ -335,6 +335,7 @@ def full_step(model: nn.Module, x: torch.Tensor, target: torch.Tensor,
 
 
 def grads_of(model: nn.Module) -> list[torch.Tensor]:
+    """Copies of ``model``'s parameter gradients, in parameter order."""
     return [p.grad.detach().clone() for p in model.parameters()]
 
 

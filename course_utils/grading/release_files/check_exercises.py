@@ -33,6 +33,7 @@ print({mark!r} + _json.dumps([
 
 
 def notebooks(args: list[str]) -> list[Path]:
+    """The exercise notebooks to check: all of ``exercises/``, or those named by number or path."""
     if not args:
         return sorted((HERE / "exercises").glob("[0-9][0-9]_*.ipynb"))
     out = []
@@ -85,6 +86,7 @@ def check(path: Path, timeout: int = 600) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Check every exercise named (all by default); returns 1 while one has a part to fix, else 0."""
     # the kernels import this folder's course_utils, installed or not
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
     paths = notebooks(sys.argv[1:] if argv is None else argv)
