@@ -287,11 +287,8 @@ def _densenet169_step(switches: tuple[tuple[str, bool], ...], batch: int):
 
 
 # --------------------------------------------------------------------------------------------
-# Does it fit? Cards, stated assumptions, the largest batch
+# The cards seed 004's question is asked for (what each holds: budget.usable_bytes)
 # --------------------------------------------------------------------------------------------
-#: Memory on the card that tensors cannot use -- the CUDA context, and slack for cuDNN
-#: workspaces and the allocator -- is ``budget.Overheads`` (stated assumptions, or measured
-#: figures once a GPU run has been recorded): one model for every budget of the course.
 #: GPU classes of 2022 by memory (a "6 GB" card has 6 GiB); the slides name none
 CARDS_GIB = {"6 GB (GTX 1060 / RTX 2060)": 6, "8 GB (GTX 1080 / RTX 2080 / 3070)": 8,
              "11 GB (GTX 1080 Ti / RTX 2080 Ti)": 11, "12 GB (K80 per GPU / Titan Xp)": 12,
