@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from . import budget, cost, recorded
-from . import explorer as ex
+from . import explorer
 from .compare import step_time
 from .config import SEED000_VOLUME
 from .memory import GiB, MiB, catch_oom, largest_that_fits, measure_step, memory_cap, predict_step
@@ -58,23 +58,23 @@ TECHNIQUES: dict[str, dict[str, Any]] = {
 NETS = {"large": 5, "small": 4}
 
 
-def configs(net: str = "large", batch: int = 2, budget_gib: int = 8) -> dict[str, ex.Config]:
+def configs(net: str = "large", batch: int = 2, budget_gib: int = 8) -> dict[str, explorer.Config]:
     """One explorer ``Config`` per technique of ``TECHNIQUES`` for the ``net`` ("large" or "small")
     at seed 000's volume, ``batch`` and a ``budget_gib`` card."""
-    base = ex.Config(levels=NETS[net], volume=SEED000_VOLUME, batch=batch, budget_gib=budget_gib)
+    base = explorer.Config(levels=NETS[net], volume=SEED000_VOLUME, batch=batch, budget_gib=budget_gib)
     return {name: replace(base, **kw) for name, kw in TECHNIQUES.items()}
 
 
-def predicted_row(cfg: ex.Config) -> dict[str, Any]:
+def predicted_row(cfg: explorer.Config) -> dict[str, Any]:
     """The predicted half of a benchmark row for ``cfg`` (any machine): peak and card needs in MiB,
     the largest batch, activations kept after forward, where the peak is, GFLOP and seconds per step."""
-    est, step = ex.estimate(cfg), ex.step_cost(cfg)  # step: FLOPs counted (FlopCounterMode), time estimated
-    if cfg.batch == ex.PROBE_BATCH:  # the explorer's cached prediction is this very step
-        p = ex.probe(cfg)
+    est, step = explorer.estimate(cfg), explorer.step_cost(cfg)  # step: FLOPs counted (FlopCounterMode), time estimated
+    if cfg.batch == explorer.PROBE_BATCH:  # the explorer's cached prediction is this very step
+        p = explorer.probe(cfg)
         peak, kept, (module, phase) = p["peak"], p["kept"], p["location"]
     else:
-        dtype, ac = ex.PRECISIONS[cfg.precision]
-        pr = predict_step(lambda: ex.build(cfg), (cfg.batch, 1, *cfg.volume), n_classes=5, dtype=dtype,
+        dtype, ac = explorer.PRECISIONS[cfg.precision]
+        pr = predict_step(lambda: explorer.build(cfg), (cfg.batch, 1, *cfg.volume), n_classes=5, dtype=dtype,
                           autocast_dtype=ac, module_peaks=False)
         peak, kept, (module, phase) = pr.peak, pr.kept_after_forward, pr.log.peak_location
     return {"predicted peak MiB": round(peak / MiB),
@@ -96,18 +96,18 @@ def cuda_context_bytes() -> int:
     return total - free - torch.cuda.memory_reserved()
 
 
-def measured_row(cfg: ex.Config, context: int, reps: int = 5, hint: int | None = None) -> dict[str, Any]:
+def measured_row(cfg: explorer.Config, context: int, reps: int = 5, hint: int | None = None) -> dict[str, Any]:
     """The step measured on the GPU (``module docstring``); ``hint``: the predicted largest batch,
     which the search tries first (with the batch after it)."""
-    dtype, ac = ex.PRECISIONS[cfg.precision]
+    dtype, ac = explorer.PRECISIONS[cfg.precision]
     shape = (cfg.batch, 1, *cfg.volume)
-    m = measure_step(lambda: ex.build(cfg), shape, n_classes=5, dtype=dtype, autocast_dtype=ac)
-    secs = step_time(lambda: ex.build(cfg), shape, device="cuda", autocast_dtype=ac, dtype=dtype, reps=reps)
+    m = measure_step(lambda: explorer.build(cfg), shape, n_classes=5, dtype=dtype, autocast_dtype=ac)
+    secs = step_time(lambda: explorer.build(cfg), shape, device="cuda", autocast_dtype=ac, dtype=dtype, reps=reps)
     torch.cuda.empty_cache()
 
     def fits(b: int) -> bool:
         with catch_oom(verbose=False) as r:
-            measure_step(lambda: ex.build(cfg), (b, 1, *cfg.volume), n_classes=5, dtype=dtype,
+            measure_step(lambda: explorer.build(cfg), (b, 1, *cfg.volume), n_classes=5, dtype=dtype,
                          autocast_dtype=ac)
         torch.cuda.empty_cache()
         return r.ok

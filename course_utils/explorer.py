@@ -198,7 +198,8 @@ def probe(cfg: Config) -> dict[str, Any]:
     return _probe(cfg.model_key())
 
 
-def _lines(key: tuple) -> dict[str, tuple[float, float]]:
+def _per_sample_lines(key: tuple) -> dict[str, tuple[float, float]]:
+    """Each part of the peak as a line in the batch, (bytes at batch 0, bytes per sample)."""
     return _probe(key)["lines"]
 
 
@@ -260,7 +261,7 @@ def estimate(cfg: Config, over: Overheads | None = None) -> Estimate:
     the largest global batch whose step fits a ``budget_gib`` card on every rank."""
     _validate(cfg)
     over = over or overheads()
-    lines = _lines(cfg.model_key())
+    lines = _per_sample_lines(cfg.model_key())
     if cfg.dp_ranks > 1:  # DDP: its gradient buckets, held as long as the model (the whole step)
         lines = {**lines, "DDP buckets": (float(_ddp_buckets(cfg.model_key())), 0.0)}
     local = -(-cfg.batch // cfg.dp_ranks)  # ceil: the fullest rank

@@ -486,7 +486,8 @@ def _where(prediction) -> tuple[str, str]:
     return module, "optimizer" if phase.startswith("optimizer") else phase
 
 
-def _line(prediction, batch: int) -> tuple[int, float]:
+def _fixed_and_per_sample(prediction, batch: int) -> tuple[int, float]:
+    """The prediction's bytes that do not grow with the batch, and the bytes each sample adds."""
     bm = batch_model(prediction, batch)
     return bm.fixed, bm.per_sample
 
@@ -530,14 +531,14 @@ def fit(build: Callable[[], nn.Module] | str, input_shape: Sequence[int] | str =
                         note + ("" if ok else ("; " if note else "") + "largest batch: affine estimate, unverified"),
                         ok, gpus))
 
-    fixed, per = _line(base, batch)
+    fixed, per = _fixed_and_per_sample(base, batch)
     row(BASELINE, base.peak, base.breakdown,
         f.largest(lambda b: f.predict("baseline", b).peak, fixed, per, True, (batch, base.peak)),
         f.seconds("baseline", batch), "peak in {} ({})".format(*_where(base)))
 
     for tech in techniques:
         try:
-            reason = _applies(tech, info, batch)
+            reason = _why_not_applicable(tech, info, batch)
             if reason:
                 skipped[tech] = reason
                 continue
@@ -545,7 +546,7 @@ def fit(build: Callable[[], nn.Module] | str, input_shape: Sequence[int] | str =
                 _parallel_row(f, tech, info, batch, row)
                 continue
             p = f.predict(tech, batch)
-            fx, ps = _line(p, batch)
+            fx, ps = _fixed_and_per_sample(p, batch)
             lb = f.largest(lambda b, t=tech: f.predict(t, b).peak, fx, ps, False, (batch, p.peak))
             moved = f.cost("offload", batch).packed_bytes if tech == "offload" else 0
             same = abs(p.peak - base.peak) <= 0.005 * base.peak
@@ -583,7 +584,7 @@ def _techniques(techniques: Sequence[str] | str | None) -> list[str]:
     return list(dict.fromkeys(techniques))
 
 
-def _applies(tech: str, info: dict[str, Any], batch: int) -> str:
+def _why_not_applicable(tech: str, info: dict[str, Any], batch: int) -> str:
     """Why ``tech`` does not apply to this model and batch ('' if it does)."""
     if tech == "inplace":
         if not info["activations"]:
@@ -612,7 +613,7 @@ def _parallel_row(f: _Fitter, tech: str, info: dict[str, Any], batch: int, row: 
     p = f.predict("baseline", local)
     b = dict(p.breakdown)
     seconds = f.seconds("baseline", local)
-    fx, ps = _line(p, local)
+    fx, ps = _fixed_and_per_sample(p, local)
     if tech.startswith("ddp-"):
         buckets = ddp_bucket_bytes(info["grad_bytes"])
         b["Gradient"] += buckets  # DDP's flat copy of every gradient, held for the model's lifetime

@@ -31,7 +31,7 @@ import torch
 
 from . import allocator, budget, cost, scaffold
 from . import densenet as dn
-from . import explorer as ex
+from . import explorer
 from . import full_resolution as fr
 from .budget import batch_model, usable_bytes
 from .checkpointing import peak_change_pct
@@ -192,8 +192,8 @@ def _seed004_full_resolution() -> tuple[str, str]:
 def _seed004_data_parallel() -> tuple[str, str]:
     from dataclasses import replace
 
-    one = ex.estimate(ex.Config(batch=8))
-    eight = ex.estimate(replace(ex.Config(batch=8), dp_ranks=8))
+    one = explorer.estimate(explorer.Config(batch=8))
+    eight = explorer.estimate(replace(explorer.Config(batch=8), dp_ranks=8))
     return (f"{_mib(one.total)} MiB on 1 GPU -> {_mib(eight.total)} MiB per GPU on 8",
             "predicted (explorer), large net, fp16 model, global batch 8")
 
@@ -208,22 +208,22 @@ def _seed004_bn() -> tuple[str, str]:
 def _capstone() -> tuple[str, str]:
     from dataclasses import replace
 
-    base = ex.Config()
-    safe = ex.all_combinations(base, precisions=["fp32", "autocast_fp16"], lean_up=(False, True))
-    best = max(safe, key=lambda c: ex.estimate(c).largest_batch)
+    base = explorer.Config()
+    safe = explorer.all_combinations(base, precisions=["fp32", "autocast_fp16"], lean_up=(False, True))
+    best = max(safe, key=lambda c: explorer.estimate(c).largest_batch)
     frontier = [replace(base, precision="autocast_fp16", lean_up=True, inplace_abn=abn, checkpointing=ck, offload=off)
-                for abn in (False, True) for ck in ex.CHECKPOINTING for off in (False, True)
+                for abn in (False, True) for ck in explorer.CHECKPOINTING for off in (False, True)
                 if not (abn and ck == "selective")]
-    top = max(frontier, key=lambda c: (ex.estimate(c).largest_batch, -ex.step_cost(replace(c, batch=8)).seconds))
-    n_top = ex.estimate(top).largest_batch
+    top = max(frontier, key=lambda c: (explorer.estimate(c).largest_batch, -explorer.step_cost(replace(c, batch=8)).seconds))
+    n_top = explorer.estimate(top).largest_batch
     # the winner's room under the assumed context, and its answer under the context seed 000 implies
-    assumed, seed = (ex.margin(replace(top, batch=n_top), o) for o in (budget.overheads(), budget.seed000_overheads()))
-    return (f"{ex.estimate(base).largest_batch} (fp16 model, as seed 000) -> {ex.estimate(best).largest_batch} "
+    assumed, seed = (explorer.margin(replace(top, batch=n_top), o) for o in (budget.overheads(), budget.seed000_overheads()))
+    return (f"{explorer.estimate(base).largest_batch} (fp16 model, as seed 000) -> {explorer.estimate(best).largest_batch} "
             f"({best.describe()}) -> {n_top} ({top.describe()}; margin {assumed['margin MiB']:,} MiB "
             f"({assumed['margin % of card']:.1f} % of the card) under a {assumed['context MiB']:,} MiB context, "
             f"{seed[f'largest batch in {top.budget_gib} GiB']} under the {seed['context MiB']:,} MiB seed 000 "
-            f"implies; estimated {ex.step_cost(replace(top, batch=8)).seconds:.2f} s per step at batch 8 on an "
-            f"{cost.DEFAULT_CARD} vs {ex.step_cost(replace(best, batch=8)).seconds:.2f} s)",
+            f"implies; estimated {explorer.step_cost(replace(top, batch=8)).seconds:.2f} s per step at batch 8 on an "
+            f"{cost.DEFAULT_CARD} vs {explorer.step_cost(replace(best, batch=8)).seconds:.2f} s)",
             f"predicted for an 8 GiB card (context + slack included: {budget.overheads().source.split(':')[0]}); "
             "time estimated from spec-sheet rates (notebook 10)")
 

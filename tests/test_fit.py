@@ -134,8 +134,8 @@ def test_largest_batch_is_the_boundary(conv_rep):
 def test_inplace_does_not_apply_to_vit():
     # ViT's activations are functional (GELU inside TransformerEncoderLayer): nothing to switch
     _, info = fit._probe(vit_tiny, (2, 3, 64, 64), "cross_entropy", None, None)
-    assert "no in-place-capable activation" in fit._applies("inplace", info, 2)
-    assert "does not divide" in fit._applies("ddp-4", info, 2)
+    assert "no in-place-capable activation" in fit._why_not_applicable("inplace", info, 2)
+    assert "does not divide" in fit._why_not_applicable("ddp-4", info, 2)
 
 
 @pytest.mark.sweep  # CI: notebook 11 fits ResNet-18 with inplace (cell 5), test_technique_directions the rest

@@ -37,7 +37,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .. import allocator
-from .. import explorer as ex
+from .. import explorer
 from ..amp_rules import autocast_rules
 from ..benchmark import configs
 from ..limit_test import LimitTestNet
@@ -86,10 +86,10 @@ def cases(dry_run: bool) -> dict[str, tuple[Callable[[], torch.nn.Module], tuple
         cfg = configs(net)[technique]
         if dry_run:
             cfg = replace(cfg, volume=TINY_VOLUME)
-        dtype, ac = ex.PRECISIONS[cfg.precision]
+        dtype, ac = explorer.PRECISIONS[cfg.precision]
         if dry_run and dtype == torch.float16:  # reduced-precision Conv3d on a CPU: ~500x slower than fp32
             dtype = torch.float32
-        out[key] = ((lambda cfg=cfg: ex.build(cfg)), (cfg.batch, 1, *cfg.volume),
+        out[key] = ((lambda cfg=cfg: explorer.build(cfg)), (cfg.batch, 1, *cfg.volume),
                     dict(n_classes=5, dtype=dtype, autocast_dtype=ac))
     return out
 

@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from .. import explorer as ex
+from .. import explorer
 from .core import CheckFailed, Exercise, answer, describe, expect_equal, expect_keys, expect_list, same, seeded
 
 EX = Exercise("10", "Design a configuration", names=("design",))
@@ -31,9 +31,9 @@ def design_cases(seed: int) -> list[tuple[tuple[int, int, int], int]]:
     return [(VOLUMES[v], BUDGETS_GIB[b])]
 
 
-def baseline(volume, budget_gib: int) -> ex.Config:
+def baseline(volume, budget_gib: int) -> explorer.Config:
     """Seed 000's large net in fp32 with no technique switched on."""
-    return ex.Config(volume=tuple(volume), budget_gib=budget_gib, precision="fp32")
+    return explorer.Config(volume=tuple(volume), budget_gib=budget_gib, precision="fp32")
 
 
 @answer
@@ -43,8 +43,8 @@ def best_batch(volume: tuple[int, int, int], budget_gib: int) -> int:
     activation trick, checkpointing; the explorer's prediction). bf16 needs the same bytes as
     fp16 (notebook 04), so only fp16 is searched. A design may beat it with the frontier's
     finer switches (notebook 10): reaching it is what the part asks."""
-    return max(ex.estimate(c).largest_batch
-               for c in ex.all_combinations(baseline(volume, budget_gib), precisions=["fp32", "autocast_fp16"],
+    return max(explorer.estimate(c).largest_batch
+               for c in explorer.all_combinations(baseline(volume, budget_gib), precisions=["fp32", "autocast_fp16"],
                                             lean_up=(False, True)))
 
 
@@ -52,17 +52,17 @@ def _observe(design, seed: int) -> list:
     out = []
     for volume, budget in design_cases(seed):
         cfg = design(volume, budget)
-        if not isinstance(cfg, ex.Config):
+        if not isinstance(cfg, explorer.Config):
             raise CheckFailed(f"design({volume}, {budget}) must return a course_utils.explorer.Config, "
                               f"got {type(cfg).__name__}")
         out.append({"volume": list(volume), "budget": budget, "config": dataclasses.asdict(cfg)})
     return out
 
 
-def _config(d: dict, what: str) -> ex.Config:
+def _config(d: dict, what: str) -> explorer.Config:
     """The observed ``dataclasses.asdict(Config)``, checked for form: every field, each of its
     default's type (the volume: three ints)."""
-    default = dataclasses.asdict(ex.Config())
+    default = dataclasses.asdict(explorer.Config())
     expect_keys(f"{what}: the explorer.Config", d, default, "fields")
     for name, value in default.items():
         if isinstance(value, (list, tuple)):
@@ -74,7 +74,7 @@ def _config(d: dict, what: str) -> ex.Config:
             raise CheckFailed(f"{what}: Config.{name} must be {kind or type(value).__name__}, "
                               f"got {describe(d[name])}")
     try:
-        return ex.Config(**dict(d, volume=tuple(d["volume"])))
+        return explorer.Config(**dict(d, volume=tuple(d["volume"])))
     except ValueError as err:
         raise CheckFailed(f"{what}: not a valid configuration: {err}") from None
 
@@ -91,7 +91,7 @@ def designs(got, seed: int) -> list[dict]:
     return got
 
 
-def _valid(case: dict) -> ex.Config:
+def _valid(case: dict) -> explorer.Config:
     what = f"design({tuple(case['volume'])}, {case['budget']})"
     cfg = _config(case["config"], what)
     expect_equal(f"{what}: volume", tuple(cfg.volume), tuple(case["volume"]))
@@ -102,7 +102,7 @@ def _valid(case: dict) -> ex.Config:
     if cfg.precision not in MASTER_FP32:
         raise CheckFailed(f"{what}: precision {cfg.precision!r} has no fp32 master weights (notebook 04)")
     try:
-        ex.estimate(cfg)
+        explorer.estimate(cfg)
     except ValueError as err:
         raise CheckFailed(f"{what}: not a valid configuration: {err}") from None
     return cfg
@@ -134,8 +134,8 @@ def _(design, seed):
 def _(got, seed):
     for case in designs(got, seed):
         cfg = _valid(case)
-        mine = ex.estimate(cfg).largest_batch
-        base = ex.estimate(baseline(cfg.volume, cfg.budget_gib)).largest_batch
+        mine = explorer.estimate(cfg).largest_batch
+        base = explorer.estimate(baseline(cfg.volume, cfg.budget_gib)).largest_batch
         if mine <= base:
             raise CheckFailed(f"design({tuple(cfg.volume)}, {cfg.budget_gib}): largest batch {mine}, no "
                               f"better than plain fp32 ({base})")
@@ -150,7 +150,7 @@ def _(design, seed):
 def _(got, seed):
     for case in designs(got, seed):
         cfg = _valid(case)
-        mine = ex.estimate(cfg).largest_batch
+        mine = explorer.estimate(cfg).largest_batch
         if mine < best_batch(tuple(cfg.volume), cfg.budget_gib):
             raise CheckFailed(f"design({tuple(cfg.volume)}, {cfg.budget_gib}) fits batch {mine}; another "
                               "combination of switches fits a larger one")
