@@ -4,7 +4,7 @@ One concept a module, in six layers, lowest first. A module imports from its own
 one, never from a higher one, and no imports form a cycle, function-level imports included; a
 function-level import of a course module says why it waits (``# lazy: ...``, e.g. the 1.8 CPU-s of
 MemTracker's import). No module imports a private name (``_x``) of another package or top-level
-module. ``tests/test_layout.py`` checks all of it against the lists below.
+module. ``tests/test_package_layout.py`` checks all of it against the lists below.
 
 Layer 1 -- foundations: they import nothing of the course
 

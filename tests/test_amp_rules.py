@@ -1,5 +1,6 @@
 """amp_rules: CUDA's autocast rules applied on a CPU, op by op, checked against the dispatcher
-and (on a GPU) against real CUDA autocast."""
+and (on a GPU) against real CUDA autocast; the weight-cast cache, bfloat16, an op of unknown policy;
+cross-entropy under CUDA autocast (notebook 04: log-softmax in fp16, only its NLL in fp32)."""
 
 import contextlib
 
@@ -12,6 +13,7 @@ from course_utils import UNet3D, predict_step
 from course_utils.amp_rules import (
     cpu_only_ops, cuda_autocast_rules, cuda_policy, registered, unknown_cuda_ops,
 )
+from course_utils import amp_rules
 
 H = torch.float16
 
@@ -241,3 +243,123 @@ def test_cudnn_rnn_is_cast_to_fp16_whatever_the_autocast_dtype():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = _kernel(torch.ops.aten.mm.default, "fp16")(a, b)
     assert out.dtype == torch.float16
+
+
+# -- the weight-cast cache, bfloat16, an op of unknown policy ------------------------------------
+def _weight_cast(out: torch.Tensor, weight: torch.Tensor):
+    """The graph node that casts ``weight`` (the node whose input is the weight's AccumulateGrad)."""
+    stack, seen = [out.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for nxt, _ in node.next_functions:
+            if type(nxt).__name__ == "AccumulateGrad" and nxt.variable is weight:
+                return node
+            stack.append(nxt)
+    return None
+
+
+def test_a_weight_is_cast_once_per_region():
+    """As CUDA autocast does: both uses of the weight in one region share one fp16 copy (one
+    cast node, one copy in memory).
+    Without this test the mutant ``amp-weight-cast-not-cached`` of tools/mutants.py (a weight cast again at every
+    use) survived the other tests."""
+    lin = nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    with cuda_autocast_rules(), torch.autocast("cpu", dtype=H):
+        a, b = lin(x), lin(x)
+    node = _weight_cast(a, lin.weight)
+    assert type(node).__name__ == "ToCopyBackward0"
+    assert _weight_cast(b, lin.weight) is node
+
+
+def test_no_cast_outlives_its_region():
+    """The cache is emptied when the autocast region ends: after opt.step() changes a weight
+    in place, the next region casts the new values (a stale fp16 copy would compute with the
+    old weight).
+    Without this test the mutant ``amp-cache-not-cleared`` of tools/mutants.py (the cast cache kept after the
+    region) survived the other tests."""
+    lin = nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    with cuda_autocast_rules():
+        with torch.autocast("cpu", dtype=H):
+            first = lin(x)
+        with torch.no_grad():
+            lin.weight.add_(1.0)
+        with torch.autocast("cpu", dtype=H):
+            second = lin(x)
+    expected = F.linear(x.half(), lin.weight.half(), lin.bias.half())
+    torch.testing.assert_close(second, expected)
+    assert not torch.allclose(first, expected)
+
+
+def test_bfloat16_autocast_runs_convolutions_in_bfloat16():
+    """Without this test the mutant ``amp-lower-precision-always-fp16`` of tools/mutants.py (bfloat16 autocast
+    convolving in float16) survived the other tests."""
+    conv = nn.Conv3d(2, 2, 3)
+    with cuda_autocast_rules(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert conv(torch.randn(1, 2, 4, 4, 4)).dtype == torch.bfloat16
+
+
+def test_an_op_of_unknown_policy_is_refused(monkeypatch):
+    """A torch upgrade that registers a CUDA autocast op the lists do not know must fail loudly,
+    not predict with wrong dtypes.
+    Without this test the mutant ``amp-unknown-ops-accepted`` of tools/mutants.py (an op of unknown policy accepted
+    silently) survived the other tests."""
+    monkeypatch.setattr(amp_rules, "unknown_cuda_ops", lambda: frozenset({"new_op"}))
+    with pytest.raises(RuntimeError, match=r"\['new_op'\].*does not know"):
+        with cuda_autocast_rules():
+            pass
+
+
+# -- cross-entropy under CUDA autocast (notebook 04), aten_dtypes ---------------------------------
+LOGITS, LABELS = (2, 5, 4, 6, 8), (2, 4, 6, 8)
+
+
+def _by_op(rows):
+    return {r["aten op"]: r for r in rows}
+
+
+def test_cross_entropy_has_no_cuda_autocast_kernel_but_its_parts_do():
+    """Notebook 04's text rests on this: under CUDA autocast cross-entropy runs as its parts, each on its own list."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    assert not has("aten::cross_entropy_loss", "AutocastCUDA")
+    assert has("aten::cross_entropy_loss", "AutocastCPU")
+    assert has("aten::log_softmax.int", "AutocastCUDA") and has("aten::nll_loss2d", "AutocastCUDA")
+
+
+@pytest.mark.parametrize("low", [torch.float16, torch.bfloat16])
+def test_cross_entropy_log_softmax_runs_in_low_precision_through_real_cuda_kernels(low):
+    """Notebook 04's text rests on this: cross-entropy's log-softmax runs in fp16 and only its NLL in fp32 (the real
+    AutocastCUDA kernels on fake CUDA tensors), and the emulation agrees."""
+    rows = amp_rules.aten_dtypes(F.cross_entropy, LOGITS, LABELS, dtypes=(low, torch.long), autocast_dtype=low)
+    ops = _by_op(rows)
+    name = str(low).removeprefix("torch.")
+    assert ops["aten._log_softmax"]["input dtypes"] == (name,)
+    assert ops["aten._log_softmax"]["output dtypes"] == (name,)        # not fp32
+    assert ops["aten.nll_loss2d_forward"]["input dtypes"][0] == "float32"  # NLL is on the fp32 list
+    # the emulation the predictor uses traces the same ops with the same dtypes
+    assert amp_rules.aten_dtypes(F.cross_entropy, LOGITS, LABELS, dtypes=(low, torch.long),
+                                 autocast_dtype=low, device="cpu") == rows
+
+
+def test_log_softmax_called_directly_returns_fp32_on_cuda():
+    """Notebook 04's text rests on this: log-softmax called on its own is on CUDA's fp32 list."""
+    rows = amp_rules.aten_dtypes(lambda x: F.log_softmax(x, 1), LOGITS, dtypes=(torch.float16,))
+    assert _by_op(rows)["aten._log_softmax"]["output dtypes"] == ("float32",)
+
+
+def test_amp_rules_docstring_does_not_put_cross_entropy_log_softmax_in_fp32():
+    """Notebook 04's text rests on this: amp_rules' docstring, which it quotes, says where the log-softmax runs."""
+    doc = " ".join(amp_rules.__doc__.split())
+    assert "``_log_softmax`` runs in fp16" in doc
+
+
+def test_aten_dtypes_refuses_bad_arguments():
+    """aten_dtypes draws notebook 04's op-by-op dtype tables."""
+    with pytest.raises(ValueError, match="device"):
+        amp_rules.aten_dtypes(F.relu, (2,), device="mps")
+    with pytest.raises(ValueError, match="dtypes"):
+        amp_rules.aten_dtypes(F.relu, (2,), (3,), dtypes=(torch.float32,))

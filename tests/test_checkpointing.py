@@ -1,6 +1,9 @@
 """Checkpointing and offload: same gradients, BN statistics updated once, the pitfalls reproduced,
 recomputed FLOPs counted, the memory ordering of the frontier options, timing reported with its
-noise."""
+noise; the sqrt(n) fit decomposed and README's checkpointing figure (notebook 07)."""
+
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -272,3 +275,62 @@ def test_efficient_dense_block_same_gradients_less_memory():
         torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4)
     for (k, a), b in zip(naive.state_dict().items(), eff.state_dict().values(), strict=True):
         torch.testing.assert_close(b, a, msg=k)
+
+
+# -- the sqrt(n) fit decomposed, README's checkpointing figure (notebook 07) ---------------------
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_per_layer_resident_bytes_counts_512_byte_blocks():
+    """Notebook 07's text rests on this: the resident bytes of a layer in its sqrt(n) fit."""
+    from course_utils.checkpointing import per_layer_resident_bytes
+
+    # conv weight 4*4*27 fp32 = 1728 -> 2048; BN weight, bias, running mean, var, counter: 512 each
+    assert per_layer_resident_bytes(width=4) == 2048 + 5 * 512
+
+
+def test_sqrt_sweep_parts_add_up_and_activations_follow_the_hand_count():
+    """Notebook 07's text rests on this: the sqrt(n) fit decomposed into its parts."""
+    import numpy as np
+
+    from course_utils import checkpointing as ck
+
+    sweep, a = ck.sqrt_sweep(ns=(4, 8, 16))
+    parts = ck.sqrt_parts_fit(sweep)
+    total = sum(sweep[c] for c in ck.SQRT_PARTS)
+    assert np.allclose(total, sweep["checkpointed peak / a"])
+    k_parts = parts.loc[[c.removesuffix(" / a") for c in ck.SQRT_PARTS], "k"].sum()
+    assert abs(k_parts - parts.loc["checkpointed peak", "k"]) < 1e-9
+    offset = sweep["activations at peak / a"] - sweep["hand count / a"]
+    assert offset.max() - offset.min() < 0.15
+    assert list(sweep["hand count / a"]) == [5.0, 7.0, 11.0]  # min (s - 1) + 2n/s over the tried s
+    slope = np.polyfit(sweep["layers n"], sweep["parameters + buffers / a"], 1)[0]
+    assert abs(slope - ck.per_layer_resident_bytes(width=4) / a) < 1e-9
+    assert (sweep["weight gradients at peak / a"] == 0).all()
+
+
+@pytest.fixture(scope="module")
+def notebook07_peaks():
+    from course_utils.checkpointing import save_convolutions
+    from course_utils.config import SEED000_VOLUME
+    from course_utils.memory import predict_step
+    from course_utils.unet import seed000_unet
+
+    variants = {"none": {}, "level": dict(checkpoint="level"),
+                "selective": dict(checkpoint="level", checkpoint_policy=save_convolutions)}
+    # notebook 07's configuration, written out independently: lean Up, autocast fp16, batch 2
+    return {k: predict_step(lambda kw=kw: seed000_unet("large", lean_up=True, **kw), (2, 1, *SEED000_VOLUME),
+                            n_classes=5, autocast_dtype=torch.float16, module_peaks=False).peak
+            for k, kw in variants.items()}
+
+
+def test_readme_checkpointing_figure_is_notebook_07s_configuration(notebook07_peaks):
+    """README's checkpointing figure is computed in notebook 07's configuration, written out here independently."""
+    from course_utils import readme
+
+    p = {k: round(100 * (v / notebook07_peaks["none"] - 1), 1) for k, v in notebook07_peaks.items()}
+    expected = f"peak {p['level']:+.1f} % per level, {p['selective']:+.1f} % selective (save convs)"
+    figure, method = readme._seed004_checkpointing()
+    assert figure == expected and "autocast fp16" in method and "lean Up" in method
+    committed = {r["key"]: r for r in json.loads((ROOT / "results" / "figures.json").read_text())["rows"]}
+    assert committed["seed004_checkpointing"]["course"] == expected

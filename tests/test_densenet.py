@@ -1,6 +1,7 @@
 """Seed 004's DenseNet-169: the parameter count against torchvision's documented figure and an
 independent formula, memory-efficient and checkpointed variants equal to the naive one (gradients
-and BN statistics), the batch model against direct predictions, and the out-of-memory case."""
+and BN statistics), the batch model against direct predictions, the out-of-memory case, and what a
+memory-efficient dense layer stores (notebook 07)."""
 
 from types import SimpleNamespace
 
@@ -121,3 +122,17 @@ def test_a_variant_is_predicted_once_per_session_and_its_copy_drops_only_the_log
             dn.predict_densenet169(memory_eficient=True)
     finally:
         dn._densenet169_step.cache_clear()
+
+
+# -- what a memory-efficient dense layer stores (notebook 07) -------------------------------------
+def test_memory_efficient_dense_layer_stores_two_bottleneck_maps_and_its_new_channels():
+    """Notebook 07's text rests on this: what a memory-efficient dense layer stores."""
+    from course_utils.densenet import stored_per_layer
+
+    eff = stored_per_layer(True, n_layers=4).set_index("layer")["stored maps (channels)"]
+    assert eff["block input"] == [64]
+    assert [eff[str(i)] for i in range(3)] == [[128, 128, 32]] * 3 and eff["3"] == [128, 128]
+    naive = stored_per_layer(False, n_layers=4).set_index("layer")
+    for i in range(4):
+        c = 64 + 32 * i
+        assert naive.loc[str(i), "stored maps (channels)"] == sorted([c, c, 128, 128], reverse=True)

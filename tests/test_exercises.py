@@ -116,7 +116,7 @@ def test_exercise_text_gives_no_answer():
         assert "BEGIN SOLUTION" not in t and "HINT:" not in t, nn
 
 
-# -- feedback bugs of issue 16 --------------------------------------------------------------------
+# -- a failing part's feedback: the cause named, kept whole, what is missing explained -----------
 def test_05_nets_cover_both_phases_and_both_answers():
     # a part whose expected answers are all alike passes a constant answer: the CI run that found
     # "always backward" passing had three backward peaks and no forward one

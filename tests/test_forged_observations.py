@@ -1,8 +1,8 @@
 """Forged observations: every judge rejects an observation that is incomplete or of the wrong form.
 
 The observing code shares a process with the learner's code (the parts observe *how* that code
-runs), so the data a judge receives may have been replaced there (issue 25: five lines in a class
-body made ``Exercise.observe`` return ``[]`` and won 22 points). Each judge therefore recomputes from
+runs), so the data a judge receives may have been replaced there (five lines in a class body that
+made ``Exercise.observe`` return ``[]`` once won 22 points). Each judge therefore recomputes from
 the seed which inputs the observation must cover and checks its count, keys, types and tensor
 shapes against that before it compares a value.
 
@@ -11,7 +11,7 @@ shapes against that before it compares a value.
   2-core machine at load 15, not in CI): each solution's real observation passes;
   every mutant of it (a list cut short or padded, a key dropped, a tensor reshaped or cast, an int
   + 1, a bool flipped, a NaN, a list swapped for a dict) fails, unless ``ALLOWED`` says why not.
-* ``test_forged_observations_score_zero_in_the_grader`` (grader): the issue's two forgeries,
+* ``test_forged_observations_score_zero_in_the_grader`` (grader): the two forgeries below,
   graded for real on exercises 00 and 03, score 0; ``..._on_every_exercise_...`` (grader and sweep)
   the class-body forgery on the other exercises.
 """
@@ -218,7 +218,7 @@ def test_mutated_solution_observations_fail(nn_id):
     assert not stale, f"ALLOWED entries that no mutant of exercise {nn_id} matches (remove them): {stale}"
 
 
-# -- end to end: the issue's forgeries, graded for real ------------------------------------------------
+# -- end to end: two forgeries, graded for real ---------------------------------------------------------
 FORGED_OBSERVE = """
 class _F:
     import course_utils.grading.core as c
@@ -241,7 +241,7 @@ def {name}({args}):
 """
 
 
-#: the issue's class-body forgery on these exercises, and the file forgery of FORGED_FILES, graded for
+#: the class-body forgery on these exercises, and the file forgery of FORGED_FILES, graded for
 #: real: CI grades exercise 00's class-body forgery and exercise 03's file forgery (two submissions of
 #: the cheapest notebooks); make test-sweep grades the forgery on the other exercises (ex08's ranks and
 #: ex10's sweep make their notebook runs the most expensive of the course's)

@@ -1,8 +1,11 @@
-"""course_utils foundation: setup, the U-Net, data, training."""
+"""course_utils' foundation: setup and the size presets (config), the U-Net (unet), data, and
+training (train: the step's gradients, autocast and GradScaler, Dice, train()'s loop)."""
 
 import pytest
 import torch
 from torch.utils.data import DataLoader
+from torch import nn
+from torch.nn import functional as F
 
 from course_utils import (
     PRESETS, SyntheticVolumes, UNet3D, count_parameters, dice_score, make_volume, seed000_unet,
@@ -10,6 +13,8 @@ from course_utils import (
 )
 from course_utils.config import SEED000_VOLUME, resolve_device
 from course_utils.unet import level_shapes
+from course_utils.config import resolve_preset
+from course_utils.train import training_step
 
 
 # -- setup ---------------------------------------------------------------------------------
@@ -206,3 +211,111 @@ def test_train_refuses_bad_steps_and_reads_generators_lazily():
 def test_train_on_cuda_without_a_gpu_names_the_fix():
     with pytest.raises(RuntimeError, match="Fix"):
         train(UNet3D(levels=3, channels=4), [], steps=1, device="cuda", progress=False)
+
+
+# -- config: COURSE_SIZE and the default preset --------------------------------------------------
+def test_an_empty_course_size_means_unset(monkeypatch):
+    """``COURSE_SIZE= make test`` (set but empty) picks the default, not an unknown preset ''.
+    Without this test the mutant ``course-size-empty-not-unset`` of tools/mutants.py (an empty COURSE_SIZE taken for
+    a preset's name) survived the other tests."""
+    monkeypatch.setenv("COURSE_SIZE", "")
+    preset, reason = resolve_preset(None, torch.device("cpu"))
+    assert preset is PRESETS["tiny"] and "default for cpu" in reason
+
+
+def test_the_default_preset_follows_the_device(monkeypatch):
+    """full on a GPU, tiny on a CPU (a device object is enough: no GPU is needed to ask).
+    Without this test the mutant ``preset-default-ignores-cuda`` of tools/mutants.py (tiny by default on a GPU)
+    survived the other tests."""
+    monkeypatch.delenv("COURSE_SIZE", raising=False)
+    assert resolve_preset(None, torch.device("cuda"))[0] is PRESETS["full"]
+    assert resolve_preset(None, torch.device("cpu"))[0] is PRESETS["tiny"]
+    monkeypatch.setenv("COURSE_SIZE", "TINY")
+    assert resolve_preset(None, torch.device("cuda"))[0] is PRESETS["tiny"]  # the variable wins
+
+
+# -- train: the step's gradients, autocast and GradScaler; Dice; train()'s batches and lr -------
+def _linear():
+    torch.manual_seed(0)
+    return nn.Linear(4, 3), torch.randn(5, 4), torch.randint(0, 3, (5,))
+
+
+def _reference_grad(lin, x, y):
+    w, b = lin.weight.detach().clone().requires_grad_(), lin.bias.detach().clone()
+    F.cross_entropy(F.linear(x, w, b), y).backward()
+    return w.grad
+
+
+def test_each_step_starts_from_fresh_gradients():
+    """lr=0: the weights stay put, so two steps on one batch must leave one step's gradient,
+    not the sum of two.
+    Without this test the mutant ``train-step-no-zero-grad`` of tools/mutants.py (gradients accumulated across
+    steps) survived the other tests."""
+    lin, x, y = _linear()
+    opt = torch.optim.SGD(lin.parameters(), lr=0.0)
+    training_step(lin, x, y, opt)
+    training_step(lin, x, y, opt)
+    torch.testing.assert_close(lin.weight.grad, _reference_grad(lin, x, y))
+
+
+def test_the_step_runs_under_the_autocast_dtype_it_is_given():
+    """Without this test the mutant ``train-step-autocast-off`` of tools/mutants.py (autocast_dtype ignored) survived
+    the other tests."""
+    lin, x, y = _linear()
+    seen = []
+    training_step(lin, x, y, None, autocast_dtype=torch.bfloat16, after_backward=seen.append)
+    assert seen[0].dtype == torch.bfloat16
+    training_step(lin, x, y, None, after_backward=seen.append)
+    assert seen[1].dtype == torch.float32
+
+
+def test_with_a_grad_scaler_the_loss_is_scaled_and_the_step_unscaled():
+    """Without this test the mutants ``train-step-loss-not-scaled`` and ``train-step-no-optimizer-step`` of
+    tools/mutants.py (the loss not scaled, or no optimizer.step()) survived the other tests."""
+    lin, x, y = _linear()
+    ref = _reference_grad(lin, x, y)
+    w0 = lin.weight.detach().clone()
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    grads = []
+    training_step(lin, x, y, torch.optim.SGD(lin.parameters(), lr=1.0), scaler=scaler,
+                  after_backward=lambda logits: grads.append(lin.weight.grad.clone()))
+    torch.testing.assert_close(grads[0], 1024.0 * ref)  # backward of the scaled loss
+    torch.testing.assert_close(lin.weight.detach(), w0 - ref)  # the step: unscaled
+
+
+def test_dice_of_an_empty_volume_predicted_empty_is_perfect():
+    """Without this test the mutant ``dice-empty-is-zero`` of tools/mutants.py (Dice 0 for an empty volume predicted
+    empty) survived the other tests."""
+    target = torch.zeros(1, 4, 4, 4, dtype=torch.long)
+    logits = torch.zeros(1, 5, 4, 4, 4)
+    logits[:, 0] = 1.0  # background everywhere, as in the target
+    assert dice_score(logits, target) == 1.0
+
+
+def _batch(seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(2, 1, 8, 8, 8, generator=g), torch.randint(0, 5, (2, 8, 8, 8), generator=g)
+
+
+def test_a_short_generator_is_cycled():
+    """Without this test the mutant ``train-one-pass-over-a-generator`` of tools/mutants.py (one pass over a finite
+    generator) survived the other tests."""
+    seen = []
+
+    def two_batches():
+        for s in (0, 1):
+            seen.append(s)
+            yield _batch(s)
+
+    hist = train(UNet3D(levels=3, channels=4), two_batches(), steps=5, progress=False)
+    assert len(hist.loss) == 5 and seen == [0, 1]  # read once, lazily, then replayed
+
+
+def test_train_uses_its_learning_rate():
+    """Without this test the mutant ``train-ignores-lr`` of tools/mutants.py (lr ignored) survived the other tests."""
+    net = UNet3D(levels=3, channels=4)
+    before = [p.detach().clone() for p in net.parameters()]
+    train(net, [_batch(0)], steps=1, lr=0.0, progress=False)
+    assert all(torch.equal(a, p) for a, p in zip(before, net.parameters(), strict=True))
+    train(net, [_batch(0)], steps=1, lr=1e-2, progress=False)
+    assert not all(torch.equal(a, p) for a, p in zip(before, net.parameters(), strict=True))

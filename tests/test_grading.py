@@ -1,6 +1,6 @@
 """The grading machinery: the generator's rules (nbgrader's), source stripping, rebuilding a
 notebook's definitions, the student release, the grader's environment and its command line. A
-class graded for real (honest work, the report, the cheats of issue 16) is in
+class graded for real (honest work, the report, submissions that cheat) is in
 tests/test_grading_class.py (make test-grader)."""
 
 import csv

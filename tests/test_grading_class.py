@@ -1,4 +1,4 @@
-"""The grader on a class folder (slow: `make test-grader`): every cheat of issue 16 fails, honest work scores, one
+"""The grader on a class folder (slow: `make test-grader`): every cheat below fails, honest work scores, one
 submission never stops the class, every process a submission starts is gone before its row is
 written, the report and the command line behave.
 
@@ -46,7 +46,7 @@ def write(folder: Path, name: str, nb) -> None:
     nbformat.write(nb, folder / name)
 
 
-# what the cheats of issue 16 did, one notebook each (all on the untouched exercise: any point
+# what each cheat does, one notebook each (all on the untouched exercise: any point
 # they win is a point the grader gave away)
 FAKE_RUN = """
 import importlib, json, course_utils.grading.core as core

@@ -1,7 +1,7 @@
 """One submission must never stop, hang or starve the class, nor reach another (slow: the hostile
 class and parallel grading in `make test-sweep`, the killed grader in `make test-grader`). Each
-notebook below is a correct exercise 00 plus one hostile cell or graded function from the
-adversarial review (issue 25); the class is graded once, one at a time, and each test reads its row. What each case did to the grader before: in its test's docstring."""
+notebook below is a correct exercise 00 plus one hostile cell or graded function from an
+adversarial review; the class is graded once, one at a time, and each test reads its row. What each case did to the grader before: in its test's docstring."""
 
 import os
 import signal

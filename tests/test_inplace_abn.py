@@ -1,6 +1,9 @@
 """In-Place ABN: gradcheck, equality with BatchNorm + LeakyReLU (scale |gamma| + eps), running
 stats with the user's momentum and eps, gamma = 0, fp32 accumulation for fp16/bf16 input,
-errors, and the memory it saves."""
+errors, and the memory it saves; in-place LeakyReLU as its baseline and the fp16 hazard of
+per-channel sums (notebook 06)."""
+
+import math
 
 import pytest
 import torch
@@ -193,3 +196,33 @@ def test_errors_name_the_fix():
     assert abn(torch.randn(1, 3, 1, 1, 1)).shape == (1, 3, 1, 1, 1)
     with pytest.raises(ValueError, match="3 channels"):
         abn(torch.randn(1, 4, 2, 2, 2))
+
+
+# -- in-place LeakyReLU as the baseline, the fp16 hazard of per-channel sums (notebook 06) -------
+def test_inplace_leaky_relu_stores_two_tensors_per_unit_like_inplace_relu():
+    """Notebook 06's text rests on this: in-place LeakyReLU, In-Place ABN's baseline, stores what in-place ReLU stores."""
+    from course_utils.inplace_abn import bn_leaky_relu, bn_leaky_relu_inplace, stored_per_unit
+    from course_utils.unet import bn_relu_inplace
+
+    inplace = stored_per_unit(bn_leaky_relu_inplace)
+    assert inplace == stored_per_unit(bn_relu_inplace) == {"BN outputs": 1.0, "conv outputs": 1.0}
+    assert round(sum(stored_per_unit(bn_leaky_relu).values())) == 3  # out of place: saves its input
+    act = bn_leaky_relu_inplace(4)[1]
+    assert isinstance(act, torch.nn.LeakyReLU) and act.inplace
+
+
+def test_channel_sums_held_in_fp16_overflow_and_fp32_does_not():
+    """Notebook 06's text rests on this: the fp16 hazard of per-channel sums, and fp32 accumulation's fix."""
+    from course_utils.inplace_abn import channel_sums_fp16
+
+    torch.manual_seed(0)
+    x16 = torch.randn(2, 2, 80_000).half()
+    sums = channel_sums_fp16(x16).groupby("sum")
+    fp16, fp32 = sums["held in fp16"], sums["fp32 accumulation"]
+    assert fp16.apply(lambda v: bool(v.abs().eq(math.inf).all()))["sum of x**2"]
+    assert (fp16.max()["sum of dz (gradient of beta)"] == math.inf
+            and fp32.max()["sum of dz (gradient of beta)"] == 160_000)
+    assert fp32.apply(lambda v: bool(v.abs().lt(math.inf).all())).all()
+    # the old demo's hazard, var * count, is not what an implementation computes: the variance
+    # itself is finite and about 1 in fp16
+    assert torch.isfinite(torch.var_mean(x16, dim=[0, 2], correction=0)[0]).all()

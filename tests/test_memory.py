@@ -1,5 +1,6 @@
 """course_utils.memory and limit_test: exact bytes on hand-computable nets, predictor vs
-measurement, MemTracker pinned, errors and OOM handling."""
+measurement, the optimizer step and the peak's phase in a prediction, MemTracker pinned, errors
+and OOM handling, largest_that_fits' edges; seed 003's forward column (notebook 03)."""
 
 import gc
 
@@ -15,6 +16,8 @@ from course_utils.limit_test import (
     LimitTestNet, expected_saved_bytes, input_bytes, make_inputs, naive_bytes,
 )
 from course_utils.memory import MiB, CATEGORIES, MemoryLog
+from course_utils.limit_test import run_limit_test, seed003_forward_table
+from course_utils.memory import LiveBytes
 
 
 # -- saved-for-backward bytes --------------------------------------------------------------
@@ -472,3 +475,126 @@ def test_cuda_only_helpers_say_so_on_cpu():
                  lambda: memory_cap(8).__enter__()):
         with pytest.raises(RuntimeError, match="needs a CUDA GPU.*recorded.show"):
             call()
+
+
+# -- the predicted step's optimizer and peak, a weight saved twice, views, the CPU's OOM, the edges
+# of largest_that_fits --------------------------------------------------------------------------
+def _param_heavy():
+    """Many parameters, almost no activations: the step's peak is in the optimizer step."""
+    return nn.Sequential(nn.Conv3d(1, 64, 1), nn.Conv3d(64, 256, 1), nn.Conv3d(256, 5, 1))
+
+
+SHAPE = (2, 1, 2, 2, 2)
+
+
+def test_the_first_step_creates_adams_state_in_the_optimizer_step():
+    """steady_state=False: Adam's two moments appear in opt.step(), after the backward. For a
+    net whose parameters outweigh its activations that is where the peak is, and the peak holds
+    parameters, gradients and both moments (a prediction without the step would show no state).
+    Without this test the mutant ``predict-no-optimizer-step`` of tools/mutants.py (the predicted step without its
+    optimizer step) survived the other tests."""
+    pred = predict_step(_param_heavy, SHAPE, n_classes=5, steady_state=False)
+    bd = pred.breakdown
+    assert pred.log.peak_location[1] == "optimizer/other"
+    assert bd["Gradient"] == bd["Parameter"] > 0
+    assert bd["Optstate"] >= 2 * bd["Parameter"]
+    assert pred.peak >= 4 * bd["Parameter"]
+
+
+def test_a_cuda_prediction_uses_foreach_adam_and_a_cpu_one_does_not():
+    """CUDA's default Adam is the multi-tensor (foreach) one; its temporaries differ from the
+    single-tensor Adam the CPU uses, and here (peak in the step) the peak shows it.
+    Without this test the mutant ``predict-no-foreach`` of tools/mutants.py (CUDA's prediction with single-tensor
+    Adam) survived the other tests."""
+    def adam(foreach):
+        return lambda params: torch.optim.Adam(params, lr=1e-3, foreach=foreach)
+
+    kw = dict(n_classes=5)
+    cuda = predict_step(_param_heavy, SHAPE, **kw)
+    assert cuda.peak == predict_step(_param_heavy, SHAPE, optimizer=adam(True), **kw).peak
+    single = predict_step(_param_heavy, SHAPE, optimizer=adam(False), **kw).peak
+    assert single != cuda.peak
+    cpu = predict_step(_param_heavy, SHAPE, target="cpu", **kw)
+    assert cpu.peak == predict_step(_param_heavy, SHAPE, target="cpu", optimizer=adam(False), **kw).peak
+
+
+def test_the_peak_is_named_with_its_phase():
+    """The tiny U-Net peaks in backward (activations dominate); the parameter-heavy net in the
+    optimizer step.
+    Without this test the mutant ``log-peak-phase-swapped`` of tools/mutants.py (a backward peak called forward)
+    survived the other tests."""
+    unet = predict_step(lambda: UNet3D(levels=3, channels=4), (2, 1, 8, 8, 8), n_classes=5)
+    assert unet.log.peak_location[1] == "backward"
+    assert predict_step(_param_heavy, SHAPE, n_classes=5).log.peak_location[1] == "optimizer/other"
+
+
+def test_a_weight_saved_twice_is_one_parameter_storage():
+    """Without this test the mutant ``meter-param-bytes-every-save`` of tools/mutants.py (a weight counted at each
+    save) survived the other tests."""
+    conv = nn.Conv3d(2, 2, 3, padding=1)
+    x = torch.randn(1, 2, 6, 6, 6)
+    with SavedTensorMeter(conv.parameters()) as m:
+        y = conv(torch.relu(conv(x)))  # the same weight saved by two convolutions
+    assert m.n_saved == 5  # x and the weight; ReLU's output; that output again and the weight
+    assert m.param_bytes == conv.weight.nbytes
+    assert m.current == 2 * x.nbytes  # x and ReLU's output, once each
+    del y
+
+
+def test_views_and_in_place_results_share_one_live_storage():
+    """Without this test the mutant ``livebytes-views-counted-again`` of tools/mutants.py (a view or in-place result
+    counted again) survived the other tests."""
+    with LiveBytes() as live:
+        a = torch.ones(1000)
+        b, c = a.view(10, 100), a[:5]
+        a.add_(1)
+        assert live.current == live.peak == a.nbytes
+        del a, b, c
+        gc.collect()
+        assert live.current == 0
+
+
+def test_the_cpus_out_of_memory_is_caught_too():
+    """On a CPU a failed allocation is a RuntimeError "... can't allocate memory ...", not
+    torch.OutOfMemoryError: catch_oom explains it all the same.
+    Without this test the mutant ``is-oom-misses-cpu-oom`` of tools/mutants.py (the CPU's failed allocation not
+    recognised) survived the other tests."""
+    with catch_oom(verbose=False) as r:
+        torch.empty(2**62, dtype=torch.uint8)  # 4 EiB: refused at once, nothing is allocated
+    assert not r.ok and "Out of memory" in r.explanation
+
+
+def test_largest_that_fits_is_exact_for_every_small_case():
+    """Every answer from 0 to limit, for every limit up to 40, with and without at_limit.
+    Without this test the mutants ``largest-bisection-off-by-one`` and ``largest-limit-bound-off-by-one`` of
+    tools/mutants.py (the bisection one step short, or below limit - 1) survived the other tests."""
+    for limit in range(1, 41):
+        for answer in range(0, limit + 1):
+            got = largest_that_fits(lambda n: n <= answer, limit=limit, at_limit="return")
+            assert got == answer, (limit, answer, got)
+    for start in (1, 3, 5):
+        for answer in range(start - 1, 30):
+            assert largest_that_fits(lambda n: n <= answer, start=start, limit=64) == answer
+    assert largest_that_fits(lambda n: n <= 4999, limit=5000) == 4999
+    with pytest.raises(ValueError, match="everything up to limit"):
+        largest_that_fits(lambda n: n <= 40, limit=40)
+
+
+# -- limit_test: seed 003's forward column (notebook 03) -----------------------------------------
+@pytest.mark.parametrize("n", [16, 50])
+def test_forward_added_is_the_13_intermediates(n):
+    """Notebook 03's text rests on this: what the forward pass adds, like for like with seed 003's "Forward" column."""
+    run = run_limit_test(n)
+    # three ReLU outputs (4 + 8 + 1 channels), each rounded up to the allocator's 512-byte blocks
+    assert 0 <= run.forward_added - 13 * input_bytes(n) < 3 * 512
+    # the total after forward also holds the weights, the input and the target
+    assert run.after_forward - run.forward_added >= 2 * input_bytes(n)
+    assert "forward added MiB" in run.row()
+
+
+def test_seed003_excess_is_about_130_mb_at_small_n():
+    """Notebook 03's text rests on this: seed 003's excess over the 13 intermediates at small N."""
+    table = seed003_forward_table([50, 64, 350]).set_index("N")
+    assert table.loc[50, "excess MB"] == pytest.approx(134 - 13 * 0.5, abs=0.1)
+    assert table.loc[[50, 64], "excess MB"].between(100, 150).all()
+    assert 18 < table.loc[350, "excess / input"] < 20

@@ -58,3 +58,14 @@ def test_eval_mode_uses_and_keeps_the_running_stats():
     update_running_stats(bn, torch.zeros(2), torch.full((2,), 5.0), 100)
     assert torch.equal(bn.running_var, before) and bn.num_batches_tracked.item() == 0
     assert uses_batch_stats(nn.BatchNorm3d(2, track_running_stats=False).eval())
+
+
+# -- relative_error's scale with a negative reference value --------------------------------------
+def test_relative_error_scales_by_the_largest_absolute_reference_value():
+    """A negative reference value: the scale is the largest absolute value. Written when relative_error lived in
+    course_utils.parallel, against the mutant ``relative-error-absolute`` of tools/mutants.py (the absolute
+    difference returned); test_relative_error_is_relative_to_the_largest_reference_value kills it too."""
+    ref = [torch.tensor([1.0, -4.0]), torch.tensor([0.5])]
+    got = [torch.tensor([1.0, -2.0]), torch.tensor([0.5])]
+    assert relative_error(got, ref) == 0.5  # largest difference 2, largest reference value 4
+    assert relative_error([1000 * t for t in got], [1000 * t for t in ref]) == 0.5

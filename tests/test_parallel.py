@@ -1,9 +1,14 @@
 """Parallelism on CPU with gloo, 2 processes: DDP, accumulation, BatchNorm across replicas,
 FSDP2 at rest and at work, the split U-Net, pipelines (GPipe and 1F1B, hand-written and
-torch.distributed.pipelining). Launch failures: tests/test_parallel_launch.py; the GPU-only
+torch.distributed.pipelining), FSDP2's working figure against FSDPMemTracker, DDP's gradient
+buckets, torchrun's whole lines, the bubble of unequal stages, pipeline_layouts. Launch failures: tests/test_parallel_launch.py; the GPU-only
 branches: tests/test_parallel_gpu_paths.py."""
 
 import os
+import io
+import itertools
+import random
+import sys
 
 import launch_workers
 import pytest
@@ -16,6 +21,8 @@ from course_utils.parallel import (
     pipeline_worker, pipelining_worker, relative_error as rel_error, replay_schedule,
     replay_timelines, schedule_order, single_process_grads, source_worker,
 )
+from course_utils import seed000_unet
+from course_utils.parallel import free_port, fsdp_backward_moments, gpipe_idle, pipeline_layouts, stage_parameters
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +33,7 @@ def runs():
     only on a CPU: without ``exact_fp32()`` in the workers they fail here, as ``tf32_raw`` shows."""
     jobs = {"bn": (ddp_worker, {"norm": "bn"}), "xbn": (ddp_worker, {"norm": "cross_replica_bn"}),
             "gn": (ddp_worker, {"norm": "gn"}), "fsdp": (fsdp_worker, {"norm": "gn"}),
+            "gn_bucket_view": (ddp_worker, {"norm": "gn", "gradient_as_bucket_view": True}),
             "pipe": (pipeline_worker, {"norm": "gn", "runs": [{"micro_batches": 4, "schedule": "gpipe"},
                                                               {"micro_batches": 4, "schedule": "1f1b"}]}),
             "pipelining": (pipelining_worker, {"norm": "gn", "micro_batches": 4}),
@@ -112,7 +120,7 @@ def test_fsdp_rank_memory_of_seed000_on_8_ranks():
     assert m["resting"] == pytest.approx(16 * n / 8)
     assert 75 < m["resting"] / 2**20 < 78
     # the working figure (a unit gathered, the next prefetched, the held reduce-scatter input):
-    # tests/test_truth_08_09.py, against FSDPMemTracker
+    # test_fsdp_backward_moments_match_fsdpmemtracker, against FSDPMemTracker
     assert m["working"] > m["working, no prefetch"] > m["resting"]
     assert 255 < m["working, shards kept"] / 2**20 < 262 and 240 < m["working"] / 2**20 < 250
     largest = sum(p.numel() for p in net.downs[3].parameters())  # Down(512, 512), gathered + its gradient
@@ -195,3 +203,132 @@ def test_a_crash_at_exit_after_every_result_is_a_warning():
             "source": "def step(model, x, y, rank, world):\n"
                       "    return [p.detach() for p in model.parameters()][:1]\n"})
     assert r0["rank"] == 0 and r1["rank"] == 1
+
+
+# -- the U-Net's two stages, pipeline_layouts' 1F1B arithmetic ----------------------------------
+def test_the_stages_split_encoder_from_decoder():
+    """Without this test the mutant ``stage-of-downs-in-decoder`` of tools/mutants.py (the Down blocks in the decoder's
+    stage) survived the other tests."""
+    net = UNet3D(levels=3, channels=4)
+
+    def n(*mods):
+        return sum(p.numel() for m in mods for p in m.parameters())
+
+    assert stage_parameters(net) == {0: n(net.inc, net.downs), 1: n(net.ups, net.outc)}
+
+
+def test_pipeline_layouts_1f1b_keeps_s_minus_stage_micro_batches():
+    """Batch 4 in micro-batches of one sample over 2 stages: under 1F1B stage 1 holds 2 of the 4
+    micro-batches GPipe holds, stage 2 one; unsplit (pp=1) nothing changes.
+    Without this test 1F1B's last stage keeping two micro-batches in the 1F1B column survived the other tests (the
+    mutant ``pipeline-layouts-1f1b-keeps-two`` of tools/mutants.py, whose text now lands in the micro-batch column:
+    test_pipeline_layouts_compare_like_with_like_and_count_buckets kills that one)."""
+    whole, first, second = pipeline_layouts(lambda: UNet3D(3, 4), (8, 8, 8), 4, [(1, 1), (1, 2)],
+                                            dtype=torch.float32)
+    assert whole["activations (1F1B)"] == whole["activations (GPipe)"]
+    assert first["activations (1F1B)"] == pytest.approx(first["activations (GPipe)"] * 2 / 4)
+    assert second["activations (1F1B)"] == pytest.approx(second["activations (GPipe)"] / 4)
+    assert first["params + grads + Adam"] + second["params + grads + Adam"] == whole["params + grads + Adam"]
+    assert first["activations (GPipe)"] + second["activations (GPipe)"] == whole["activations (GPipe)"]
+
+
+# -- FSDP2's working figure against FSDPMemTracker, DDP's buckets, torchrun's whole lines (notebook
+# 08); unequal stages and pipeline_layouts' like-with-like column (notebook 09) --------------------
+def _n(module):
+    return sum(p.numel() for p in module.parameters())
+
+
+def test_fsdp_working_figure_includes_the_prefetched_unit_seed000():
+    """Notebook 08's text rests on this: FSDP2's working figure holds the prefetched unit and the reduce-scatter input."""
+    with torch.device("meta"):
+        net = seed000_unet("large")
+    units = fsdp_units(net)
+    m = fsdp_rank_memory(net, units, world=8)
+    k = m["working unit"]
+    assert units[k] is net.downs[3]                                       # Down(512, 512)
+    assert m["prefetched params"] == 4 * _n(net.downs[2])                 # the unit before it, gathered
+    assert m["reduce-scatter input"] == 4 * _n(net.ups[0])                # the unit after it, still held
+    assert m["working, shards kept"] == pytest.approx(
+        m["resting"] + 8 * (_n(net.downs[3]) + _n(net) - sum(_n(u) for u in units)) + 4 * _n(net.downs[2])
+        + 4 * _n(net.ups[0]))
+    assert m["working"] > m["working, no prefetch"] + 0.9 * m["prefetched params"]
+    assert 255 < m["working, shards kept"] / 2**20 < 262 and 240 < m["working"] / 2**20 < 250
+
+
+def test_fsdp_backward_moments_match_fsdpmemtracker(runs):
+    """Notebook 08's text rests on this: the computed backward moments are what FSDPMemTracker measures."""
+    net = build_net({"norm": "gn"})
+    computed = fsdp_backward_moments(net, fsdp_units(net), 2)
+    for rank in runs["fsdp"]:
+        measured = rank["backward_moments"]
+        for c, m in zip(computed, measured, strict=True):
+            total = sum(v for k, v in m.items() if k != "unit")
+            assert total == pytest.approx(c["total"], rel=0.01), (c, m)
+            assert m["All Gather"] == c["prefetched params"]              # the prefetched unit
+            assert m["Reduce Scatter"] == pytest.approx(c["reduce-scatter input"], abs=32)  # padding
+        assert any(m["All Gather"] for m in measured)
+
+
+def test_ddp_buckets_are_a_copy_of_the_gradients_unless_views(runs):
+    """Notebook 08's text rests on this: DDP's gradient buckets, measured."""
+    default, views = runs["gn"][0], runs["gn_bucket_view"][0]
+    assert not default["gradient_as_bucket_view"]
+    assert default["bucket_bytes"] == default["bucket_extra_bytes"] == default["grad_bytes"] > 0
+    assert views["bucket_bytes"] == views["grad_bytes"] and views["bucket_extra_bytes"] == 0
+
+
+def test_torchrun_rank_prints_its_line_in_one_write(monkeypatch):
+    """Notebook 08's text rests on this: under torchrun each rank prints whole lines."""
+    from course_utils.parallel import cli
+
+    chunks = []
+
+    class Raw(io.RawIOBase):
+        def writable(self):
+            return True
+
+        def write(self, b):
+            chunks.append(bytes(b).decode())
+            return len(b)
+
+    # what PYTHONUNBUFFERED=1 gives a process: every write goes straight through
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(Raw(), write_through=True))
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(key, value)
+    assert cli.main(["--steps", "1", "--backend", "gloo"]) == 0
+    lines = [c for c in chunks if "rank" in c]
+    assert lines and all(c.endswith("\n") and c.count("\n") == 1 for c in lines), chunks
+
+
+def test_gpipe_idle_is_the_replay_for_unequal_stages():
+    """Notebook 09's text rests on this: the bubble of unequal stages."""
+    rng = random.Random(0)
+    for stages, m in itertools.product((2, 3, 4), (1, 2, 5)):
+        f = [rng.uniform(0.5, 3) for _ in range(stages)]
+        b = [rng.uniform(0.5, 6) for _ in range(stages)]
+        durations = [{**{("F", i): f[s] for i in range(m)}, **{("B", i): b[s] for i in range(m)}} for s in range(stages)]
+        assert replay_schedule(durations, "gpipe")["idle"] == pytest.approx(gpipe_idle(f, b, m))
+        assert gpipe_idle([1.0] * stages, [2.0] * stages, m) == pytest.approx([bubble_fraction(stages, m)] * stages)
+    light, heavy = gpipe_idle([1.0, 3.0], [2.0, 6.0], 1)
+    assert heavy == pytest.approx(3 / 12) and heavy < bubble_fraction(2, 1) < light
+
+
+def test_pipeline_layouts_compare_like_with_like_and_count_buckets():
+    """Notebook 09's text rests on this: pipeline_layouts' like-with-like column and its DDP buckets."""
+    from course_utils.memory import predict_step
+    from course_utils.parallel import stage_saved_bytes
+
+    def build():
+        return UNet3D(3, 4)
+
+    rows = pipeline_layouts(build, (8, 8, 8), 4, [(1, 1), (2, 1), (1, 2)], dtype=torch.float32)
+    whole, dp2, stage1, stage2 = rows
+    one = stage_saved_bytes(predict_step(build, (1, 1, 8, 8, 8), n_classes=5, dtype=torch.float32))
+    params = _n(build())
+    for r in (whole, dp2):
+        assert r["activations (micro-batches of 1)"] == one[0] + one[1]   # accumulation: one sample's
+    assert whole["DDP buckets"] == 0 and dp2["DDP buckets"] == 4 * params
+    assert dp2["total (micro-batches of 1)"] == dp2["params + grads + Adam"] + 4 * params + one[0] + one[1]
+    for r in (stage1, stage2):
+        assert r["activations (micro-batches of 1)"] == r["activations (1F1B)"] and r["DDP buckets"] == 0

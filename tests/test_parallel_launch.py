@@ -15,6 +15,7 @@ import pytest
 
 import launch_workers as lw
 from course_utils.parallel import LaunchError, LaunchTimeout, failing_worker, launch, stuck_worker
+from course_utils.parallel.launcher import _diagnose, _RunEnd
 
 
 LINUX = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
@@ -163,3 +164,21 @@ def test_a_failure_leaves_nothing_on_stderr(capfd):
     assert err == ""
     assert info.value.rank == 1 and info.value.cause.startswith("ValueError: rank 1 failed on purpose")
     assert set(info.value.ranks) == {0, 1}
+
+
+# -- a peer that lost its connection is a consequence, not the cause -----------------------------
+def test_a_rank_that_lost_its_peer_is_not_blamed_even_if_it_ended_first(tmp_path):
+    """Rank 0's collective fails with gloo's 'Connection closed by peer' (and rank 0 ends
+    first) because rank 1 raised: rank 1 is the cause.
+    Without this test the mutant ``launch-peer-gone-is-a-cause`` of tools/mutants.py (a rank whose peer closed the
+    connection blamed as the cause) survived the other tests."""
+    records = {
+        0: {"ok": False, "error": "Traceback (most recent call last):\nRuntimeError: "
+                                  "[gloo/transport/tcp/pair.cc:534] Connection closed by peer"},
+        1: {"ok": False, "error": "Traceback (most recent call last):\nValueError: a bad shape"},
+    }
+    err = _diagnose(_RunEnd("w", str(tmp_path), records, codes={0: 1, 1: 1}, ended={0: 1.0, 1: 2.0},
+                            stopped=set(), stacks={}, timed_out=False, timeout_s=180, collective_timeout_s=60))
+    assert isinstance(err, LaunchError) and err.rank == 1
+    assert err.cause == "ValueError: a bad shape"
+    assert err.ranks[0] == "failed as a consequence (a peer closed its connection)"

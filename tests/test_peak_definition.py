@@ -1,4 +1,4 @@
-"""One definition of "where the peak is" (issue 24): ``MemoryLog.peak_location`` -- the module
+"""One definition of "where the peak is": ``MemoryLog.peak_location`` -- the module
 running at the moment of the step's peak and its phase -- used by the notebooks, the log and
 exercise 05's grader; and one total per exercise in a notebook's check cells."""
 

@@ -1,4 +1,4 @@
-"""Honest top-level code is graded as it runs (issue 25): the grader's rebuild of a notebook keeps
+"""Honest top-level code is graded as it runs: the grader's rebuild of a notebook keeps
 the computed statements its graded code needs (a dict of element sizes, an import with a
 fallback, a tensor constant, a decorated function), still refuses objects that are not the
 learner's own, skips what the graded code does not need, and names the statement it did not
@@ -52,7 +52,7 @@ NBYTES = "def tensor_nbytes(shape, dtype):\n    return math.prod(shape) * ELEMEN
 EX00_PARTS = ["float", "small", "edge", "new_bytes"]
 
 
-# -- the issue's four examples: full marks ----------------------------------------------------------
+# -- four examples: full marks -------------------------------------------------------------------
 def test_a_computed_dict_of_element_sizes_is_carried_over():
     # was 2/5: NameError: name 'ELEMENT_SIZE' is not defined
     nb = notebook("import math\nimport torch", ELEMENT_SIZE, NBYTES, solution_code("00", "new_bytes"),

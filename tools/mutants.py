@@ -16,7 +16,8 @@ Mutants marked ``equivalent=True`` (no test can tell them apart: the description
 listed but not run unless ``--run-equivalent``. Exit status: 0 if no mutant survived (or
 ``--allow-survivors``), 1 if one did, 2 on a stale mutant, a config-error or a failing baseline.
 
-Tests for a module: ``TESTS[module]`` plus ``tests/test_mutants_<module>.py`` when it exists; a
+Tests for a module: ``TESTS[module]``, else ``tests/test_<module>.py`` (tests/README.md's map); a
+test written to kill a mutant goes in that file and names the mutant in its docstring. A
 mutant may name its own (``tests=``: pytest node ids, to keep slow files out) or add some
 (``extra_tests=``). A new module (e.g. ``grading``, a package: ``course_utils/grading/``) needs
 its mutants appended to ``MUTANTS`` and its test files in ``TESTS``.
@@ -79,15 +80,13 @@ TESTS: dict[str, tuple[str, ...]] = {
     "budget": ("tests/test_explorer.py",),  # the explorer's budgets are budget.Overheads
     "gpu_kit": ("tests/test_gpu_report.py",),
 }
-LAUNCH = "tests/test_parallel_launch.py"
+LAUNCH, PAR_TESTS = "tests/test_parallel_launch.py", "tests/test_parallel.py"
 
 
-def tests_for(m: Mutant, root: Path = ROOT) -> tuple[str, ...]:
+def tests_for(m: Mutant) -> tuple[str, ...]:
     if m.tests:
         return m.tests
-    own = f"tests/test_mutants_{m.module}.py"
-    base = TESTS.get(m.module, (f"tests/test_{m.module}.py",))
-    return base + m.extra_tests + ((own,) if (root / own).exists() else ())
+    return TESTS.get(m.module, (f"tests/test_{m.module}.py",)) + m.extra_tests
 
 
 # --------------------------------------------------------------------------------------------
@@ -326,7 +325,7 @@ MUTANTS += [
       "            if any(s in rec[\"error\"] for s in _PEER_GONE):",
       "            if False:",
       "a rank that failed because its peer closed the connection is treated as a cause",
-      tests=("tests/test_mutants_parallel.py",)),
+      tests=(LAUNCH + "::test_a_rank_that_lost_its_peer_is_not_blamed_even_if_it_ended_first",)),
     # -- parallel: the demos' arithmetic ------------------------------------------------------
     M("cross-replica-bn-var-within-only", PAR_DP,
       "        var = (m2s + counts * (means - mean).square()).sum(0) / n",
@@ -348,7 +347,8 @@ MUTANTS += [
       "saved[s] * min(2 - s, b) / b) for s in (0, 1)}",
       "saved[s] * min(2, b) / b) for s in (0, 1)}",
       "pipeline_layouts: under 1F1B the last stage keeps two micro-batches instead of one",
-      tests=("tests/test_mutants_parallel.py",)),
+      tests=(PAR_TESTS + "::test_pipeline_layouts_1f1b_keeps_s_minus_stage_micro_batches",
+             PAR_TESTS + "::test_pipeline_layouts_compare_like_with_like_and_count_buckets")),
     M("relative-error-absolute", NUM,
       "    return diff / max(b.detach().abs().max().item() for b in ref)",
       "    return diff",
@@ -641,7 +641,7 @@ def run_pytest(copy: Path, tests: tuple[str, ...], test_timeout: float, run_time
 def run_mutant(m: Mutant, copy: Path, args) -> Result:
     path = copy / m.file
     original = path.read_text()
-    tests = tests_for(m, copy)
+    tests = tests_for(m)
     path.write_text(original.replace(m.old, m.new, 1))
     try:
         outcome, secs, by, tail = run_pytest(copy, tests, args.test_timeout, args.mutant_timeout)
@@ -713,7 +713,7 @@ def main(argv: list[str] | None = None) -> int:
             c.mkdir()
             copy_tree(c)
         if not args.no_baseline:
-            union = tuple(dict.fromkeys(t for m in to_run for t in tests_for(m, copies[0])))
+            union = tuple(dict.fromkeys(t for m in to_run for t in tests_for(m)))
             print(f"baseline: {len(union)} test selections, unmutated ...", flush=True)
             outcome, secs, by, tail = run_pytest(copies[0], union, args.test_timeout,
                                                  args.mutant_timeout * 3, first_failure=False)

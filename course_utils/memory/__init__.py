@@ -61,7 +61,7 @@ from .units import GiB, MiB, mib, tensor_bytes
 
 #: hook_table's names, imported on first use (PEP 562): MemoryLog subclasses MemTracker, whose import
 #: brings torch.distributed, DTensor, dynamo and inductor -- 1.8 of the 5.2 CPU-s of ``import
-#: course_utils`` (tests/test_layout.py), paid by every kernel, grader sandbox and test worker that
+#: course_utils`` (tests/test_package_layout.py), paid by every kernel, grader sandbox and test worker that
 #: never builds a hook table
 _HOOK_TABLE = ("CATEGORIES", "CUDA_BLOCK_ROUNDING", "LOSS", "OPTIMIZER", "MemoryLog", "Row", "log_step")
 
@@ -79,7 +79,7 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_HOOK_TABLE))
 
 
-#: the public names (tests/test_layout.py checks that none of the submodules' is missing)
+#: the public names (tests/test_package_layout.py checks that none of the submodules' is missing)
 __all__ = [
     "CudaPeak", "cuda_peak", "memory_cap", "require_cuda",
     "CATEGORIES", "CUDA_BLOCK_ROUNDING", "LOSS", "OPTIMIZER", "MemoryLog", "Row", "log_step",

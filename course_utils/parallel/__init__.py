@@ -99,7 +99,7 @@ from .pipeline import (
 )
 from .tolerance import branch_margin, reference_grads, tf32_branches, tf32_errors
 
-#: the public names, submodule by submodule (tests/test_layout.py checks that none is missing)
+#: the public names, submodule by submodule (tests/test_package_layout.py checks that none is missing)
 __all__ = [
     "failing_worker", "main", "source_worker", "stuck_worker", "torchrun_backend", "torchrun_command",
     "train_worker",

@@ -61,7 +61,7 @@ from .plots import draw_memory_vs_n, draw_shrinking, draw_tiles, seed003_table
 from .predict import largest_tiled_n, predict_tiled_step, representative
 from .step import TiledStep, compare_with_untiled, full_step, grads_of, region, run_chain, tiled_step, work_factor
 
-#: the public names, submodule by submodule (tests/test_layout.py checks that none is missing)
+#: the public names, submodule by submodule (tests/test_package_layout.py checks that none is missing)
 __all__ = [
     "normalise", "relative_error", "update_running_stats", "uses_batch_stats",
     "measure_seed003_cuda", "measure_tiled_step",
