@@ -17,18 +17,8 @@ from torch import nn
 
 from .. import unet
 from ..unet import count_parameters
-from .core import (
-    CheckFailed,
-    Exercise,
-    expect_close,
-    expect_equal,
-    expect_int,
-    expect_keys,
-    expect_list,
-    expect_str,
-    reference,
-    seeded,
-)
+from .core import (CheckFailed, Exercise, expect_close, expect_equal, expect_int, expect_keys, expect_list,
+                   expect_str, reference, seeded)
 
 EX = Exercise("01", "DoubleConv and Up", names=("DoubleConv", "Up"),
               refused={"course_utils.unet": ("DoubleConv", "Up")})

@@ -18,18 +18,8 @@ from torch import nn
 
 from ..memory import SavedTensorMeter
 from ..unet import UNet3D
-from .core import (
-    CheckFailed,
-    Exercise,
-    expect_equal,
-    expect_int,
-    expect_keys,
-    expect_list,
-    expect_str,
-    reference,
-    seeded,
-    seeded_build,
-)
+from .core import (CheckFailed, Exercise, expect_equal, expect_int, expect_keys, expect_list, expect_str, reference,
+                   seeded, seeded_build)
 
 EX = Exercise("02", "A hook logger", names=("log_hooks", "biggest_saver"),
               refused={"course_utils.memory.hook_table": ("MemoryLog", "log_step")})

@@ -13,21 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .core import (
-    CheckFailed,
-    Exercise,
-    expect_bool,
-    expect_close,
-    expect_float,
-    expect_keys,
-    expect_list,
-    expect_str,
-    expect_tensor,
-    expect_tensors,
-    reference,
-    seeded,
-    seeded_build,
-)
+from .core import (CheckFailed, Exercise, expect_bool, expect_close, expect_float, expect_keys, expect_list,
+                   expect_str, expect_tensor, expect_tensors, reference, seeded, seeded_build)
 
 EX = Exercise("04", "autocast and GradScaler", names=("amp_step",))
 

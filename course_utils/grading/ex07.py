@@ -12,24 +12,9 @@ from torch import nn
 from ..checkpointing import SegmentedStack, checkpointed, deep_stack
 from ..memory import SavedTensorMeter, predict_step
 from ..unet import UNet3D
-from .core import (
-    CheckFailed,
-    Exercise,
-    answer,
-    expect_close,
-    expect_equal,
-    expect_grads_close,
-    expect_int,
-    expect_items,
-    expect_keys,
-    expect_list,
-    expect_str,
-    expect_tensor,
-    expect_tensors,
-    reference,
-    seeded,
-    seeded_build,
-)
+from .core import (CheckFailed, Exercise, answer, expect_close, expect_equal, expect_grads_close, expect_int,
+                   expect_items, expect_keys, expect_list, expect_str, expect_tensor, expect_tensors, reference,
+                   seeded, seeded_build)
 
 EX = Exercise("07", "Checkpointing", names=("encoder_forward", "best_segments", "checkpoint_plan"),
               refused={"course_utils.parallel.pipeline": ("EncoderStage",)})

@@ -12,19 +12,8 @@ import re
 import textwrap
 
 from .. import parallel
-from .core import (
-    CheckFailed,
-    Exercise,
-    expect_grads_close,
-    expect_int,
-    expect_items,
-    expect_keys,
-    expect_list,
-    expect_str,
-    expect_tensor,
-    expect_tensors,
-    reference,
-)
+from .core import (CheckFailed, Exercise, expect_grads_close, expect_int, expect_items, expect_keys, expect_list,
+                   expect_str, expect_tensor, expect_tensors, reference)
 
 EX = Exercise("08", "Data parallel", names=("ddp_step", "accumulate_grads"),
               refused={"course_utils.parallel.data_parallel": ("ddp_worker", "accumulated_grads"),

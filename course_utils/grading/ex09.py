@@ -7,20 +7,8 @@ import functools
 import torch
 
 from ..unet import UNet3D, level_shapes, seed000_unet
-from .core import (
-    CheckFailed,
-    Exercise,
-    expect_close,
-    expect_equal,
-    expect_grads_close,
-    expect_int,
-    expect_items,
-    expect_keys,
-    expect_tensor,
-    reference,
-    seeded,
-    seeded_build,
-)
+from .core import (CheckFailed, Exercise, expect_close, expect_equal, expect_grads_close, expect_int, expect_items,
+                   expect_keys, expect_tensor, reference, seeded, seeded_build)
 
 EX = Exercise("09", "Model parallel", names=("split_unet", "boundary_bytes"),
               refused={"course_utils.parallel.pipeline": ("EncoderStage", "DecoderStage", "TwoStageUNet")})
