@@ -43,7 +43,7 @@ def course(tmp_path):
     shutil.copytree(root / "course_utils" / "grading", tmp_path / "course_utils" / "grading",
                     ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "results").mkdir()
-    for path in [*root.glob("*.md"), root / "results" / "timings.json"]:
+    for path in [*root.glob("*.md"), root / "tests" / "README.md", root / "results" / "timings.json"]:
         shutil.copy(path, tmp_path / path.relative_to(root))
     assert scaffold.problems(tmp_path) == []
     return tmp_path

@@ -128,7 +128,7 @@ def course(tmp_path):
     shutil.copytree(ROOT / "course_utils" / "grading", tmp_path / "course_utils" / "grading",
                     ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "results").mkdir()
-    for path in [*ROOT.glob("*.md"), ROOT / "results" / "timings.json"]:
+    for path in [*ROOT.glob("*.md"), ROOT / "tests" / "README.md", ROOT / "results" / "timings.json"]:
         shutil.copy(path, tmp_path / path.relative_to(ROOT))
     assert scaffold.problems(tmp_path) == []  # (a scaffolded copy's new notebook keeps its placeholders)
     return tmp_path
