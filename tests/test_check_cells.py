@@ -20,13 +20,6 @@ from course_utils.grading.registry import MODULES
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _check_cells(nb):
-    for k, cell in enumerate(nb.cells):
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        if cell.cell_type == "code" and meta.get("grade") and not meta.get("solution"):
-            yield k, cell, meta
-
-
 def _rel(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
@@ -39,24 +32,24 @@ def cell_problems(nn: str, path: Path) -> list[str]:
     points = {p.key: p.points for p in ex.parts}
     ran: list[list[str]] = []
     nb = nbformat.read(path, as_version=4)
-    cells = list(_check_cells(nb))
+    cells = scaffold.check_cells(path)  # the cells scaffold --check adds up
     if not cells:
         return [f"{_rel(path)}: no check cell (an nbgrader test cell with points that calls check_*): add one, "
                 "as course_utils/templates/solution.ipynb does"]
     out, covered = [], set()
     with mock.patch.object(type(ex), "run", lambda self, keys, objects, seed=0, verbose=True: ran.append(list(keys))):
-        for k, cell, meta in cells:
-            calls = [n for n in ast.walk(ast.parse(cell.source)) if isinstance(n, ast.Call)
+        for k, grade_id, cell_points in cells:
+            calls = [n for n in ast.walk(ast.parse(nb.cells[k].source)) if isinstance(n, ast.Call)
                      and isinstance(n.func, ast.Name) and n.func.id.startswith("check_")]
             ran.clear()
             for call in calls:
                 getattr(mod, call.func.id)(*[None] * len(call.args))
             keys = [key for r in ran for key in r]
             worth = sum(points[key] for key in keys)
-            if worth != meta.get("points"):
+            if worth != cell_points:
                 names = ", ".join(f"{c.func.id}(...)" for c in calls) or "no check_* call"
-                out.append(f"{_rel(path)}, check cell {k} '{meta.get('grade_id')}': its nbgrader points are "
-                           f"{meta.get('points')}, but {names} runs parts {keys} worth {worth} (their points in "
+                out.append(f"{_rel(path)}, check cell {k} '{grade_id}': its nbgrader points are "
+                           f"{cell_points}, but {names} runs parts {keys} worth {worth} (their points in "
                            f"{grading}): set the cell's points (metadata.nbgrader.points) to {worth}, or change "
                            f"the parts' points in {grading}; the check cells' points add up to exercise {nn}'s "
                            f"max_score, {ex.max_score}. Then `.venv/bin/python -m course_utils.grading.generate`")
