@@ -214,11 +214,14 @@ def _capstone() -> tuple[str, str]:
     frontier = [replace(base, precision="autocast_fp16", lean_up=True, inplace_abn=abn, checkpointing=ck, offload=off)
                 for abn in (False, True) for ck in explorer.CHECKPOINTING for off in (False, True)
                 if not (abn and ck == "selective")]
-    top = max(frontier, key=lambda c: (explorer.estimate(c).largest_batch, -explorer.step_cost(replace(c, batch=8)).seconds))
+    top = max(frontier, key=lambda c: (explorer.estimate(c).largest_batch,
+                                       -explorer.step_cost(replace(c, batch=8)).seconds))
     n_top = explorer.estimate(top).largest_batch
     # the winner's room under the assumed context, and its answer under the context seed 000 implies
-    assumed, seed = (explorer.margin(replace(top, batch=n_top), o) for o in (budget.overheads(), budget.seed000_overheads()))
-    return (f"{explorer.estimate(base).largest_batch} (fp16 model, as seed 000) -> {explorer.estimate(best).largest_batch} "
+    assumed, seed = (explorer.margin(replace(top, batch=n_top), o)
+                     for o in (budget.overheads(), budget.seed000_overheads()))
+    return (f"{explorer.estimate(base).largest_batch} (fp16 model, as seed 000) -> "
+            f"{explorer.estimate(best).largest_batch} "
             f"({best.describe()}) -> {n_top} ({top.describe()}; margin {assumed['margin MiB']:,} MiB "
             f"({assumed['margin % of card']:.1f} % of the card) under a {assumed['context MiB']:,} MiB context, "
             f"{seed[f'largest batch in {top.budget_gib} GiB']} under the {seed['context MiB']:,} MiB seed 000 "

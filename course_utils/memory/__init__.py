@@ -34,7 +34,8 @@ Where things are (every name below is also importable from ``course_utils.memory
 * ``meters``     -- ``SavedTensorMeter``, ``saved_tensors`` (``SavedTensor``), ``LiveBytes``, ``storage_key``;
 * ``hook_table`` -- ``MemoryLog`` (``Row``, ``CATEGORIES``, ``CUDA_BLOCK_ROUNDING``, ``LOSS``, ``OPTIMIZER``), ``log_step``;
 * ``predict``    -- ``predict_step`` (``Prediction``, ``method_label``, ``prime_optimizer``,
-  ``default_dtype``, ``make_optimizer``, ``target_spec``) and its twin on a GPU, ``measure_step`` (``step_parts``: what it trains);
+  ``default_dtype``, ``make_optimizer``, ``target_spec``) and its twin on a GPU, ``measure_step``
+  (``step_parts``: what it trains);
 * ``oom``        -- ``largest_that_fits``, ``catch_oom``, ``explain_oom``, ``is_oom``;
 * ``cuda``       -- ``cuda_peak`` (``CudaPeak``), ``memory_cap``, ``require_cuda``;
 * ``transients`` -- ``OpTransients`` (``OpMemory``, ``CudaStats``, ``LiveBytesStats``, ``BLOCK``): what
