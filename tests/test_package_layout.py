@@ -6,6 +6,7 @@ modules and functions stay short. (The course's parts agreeing: tests/test_cours
 lint habits: tests/test_repo_hygiene.py.)"""
 
 import ast
+import functools
 import importlib
 import inspect
 import pkgutil
@@ -157,19 +158,27 @@ def _layers() -> dict[str, int]:
     return out
 
 
-def _module_name(path: Path) -> str:
-    parts = ("course_utils", *path.relative_to(PACKAGE_DIR).with_suffix("").parts)
+def _module_name(path: Path, package_dir: Path) -> str:
+    parts = ("course_utils", *path.relative_to(package_dir).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _course_imports():
+def _course_imports() -> tuple[tuple[Path, int, str, str, tuple[str, ...], bool], ...]:
     """(file, line, importer, imported module, names, lazy) for every import of a course module in
     the package: relative or absolute, at module level or inside a function (``lazy``)."""
-    modules = {_module_name(p) for p in PACKAGE_DIR.rglob("*.py") if "templates" not in p.parts}
-    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+    return _imports_in(PACKAGE_DIR)
+
+
+@functools.lru_cache(maxsize=None)
+def _imports_in(package_dir: Path) -> tuple[tuple[Path, int, str, str, tuple[str, ...], bool], ...]:
+    """``_course_imports`` of the package in ``package_dir``, parsed once per test process (half a
+    CPU-second) for the four checks that read it."""
+    modules = {_module_name(p, package_dir) for p in package_dir.rglob("*.py") if "templates" not in p.parts}
+    found = []
+    for path in sorted(package_dir.rglob("*.py")):
         if "templates" in path.parts:
             continue
-        me = _module_name(path)
+        me = _module_name(path, package_dir)
         tree = ast.parse(path.read_text())
         inside = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
                   for n in ast.walk(f)}
@@ -189,7 +198,8 @@ def _course_imports():
                 while target not in modules and "." in target:
                     target = target.rsplit(".", 1)[0]
                 if target in modules and target != me:
-                    yield path, node.lineno, me, target, names, id(node) in inside
+                    found.append((path, node.lineno, me, target, names, id(node) in inside))
+    return tuple(found)
 
 
 def _unit(module: str) -> str:
@@ -234,8 +244,10 @@ def test_no_import_cycle_among_modules_lazy_imports_included():
 def test_a_function_level_import_says_why_it_waits():
     unexplained = []
     for path, line, me, target, _, lazy in _course_imports():
+        if not lazy:
+            continue
         lines = path.read_text().splitlines()
-        if lazy and "# lazy:" not in lines[line - 1] and "# lazy:" not in lines[line - 2]:
+        if "# lazy:" not in lines[line - 1] and "# lazy:" not in lines[line - 2]:
             unexplained.append(f"{path.relative_to(PACKAGE_DIR.parent)}:{line}: {me} imports {target}")
     assert not unexplained, ("import these at the top of the module, or say on the line above why the import "
                              "waits ('# lazy: <what it costs>'):\n" + "\n".join(unexplained))
