@@ -8,6 +8,7 @@ import os
 import io
 import itertools
 import random
+import subprocess
 import sys
 
 import launch_workers
@@ -312,6 +313,23 @@ def test_gpipe_idle_is_the_replay_for_unequal_stages():
         assert gpipe_idle([1.0] * stages, [2.0] * stages, m) == pytest.approx([bubble_fraction(stages, m)] * stages)
     light, heavy = gpipe_idle([1.0, 3.0], [2.0, 6.0], 1)
     assert heavy == pytest.approx(3 / 12) and heavy < bubble_fraction(2, 1) < light
+
+
+def test_a_torchrun_rank_that_is_done_leaves_before_the_interpreters_teardown():
+    """Notebook 08's torchrun cell failed once in CI (2026-11-28): both ranks had printed their
+    line, then rank 0 aborted in the interpreter's teardown (gloo's threads still running when
+    C++'s static destructors ran: "terminate called without an active exception", SIGABRT) and
+    torchrun reported the run as failed. Emulated with a teardown that aborts (an atexit
+    handler): a rank that is done leaves before it, with its own exit status."""
+    code = ("import atexit, os, runpy, sys; atexit.register(os.abort); "
+            "sys.argv = ['course_utils.parallel', '--steps', '1', '--backend', 'gloo']; "
+            "runpy.run_module('course_utils.parallel', run_name='__main__', alter_sys=True)")
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)  # subprocess.run kills the child when the time is up
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.count("rank 0/1 (gloo)") == 1, run.stdout
 
 
 def test_pipeline_layouts_compare_like_with_like_and_count_buckets():

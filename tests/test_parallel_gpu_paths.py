@@ -184,6 +184,9 @@ def test_torchrun_demo_command_fits_the_gpus(monkeypatch, gpus, backend_args, wh
     cmd, said = parallel.torchrun_command(2)
     module_at = cmd.index("course_utils.parallel")
     assert "--nproc-per-node=2" in cmd and cmd[module_at - 1] == "-m" and where in said
+    # a rendezvous on a free port: two runs at once (two notebooks, a class on one server) would
+    # otherwise meet at torchrun's fixed port 29500 and share one rendezvous store
+    assert "--standalone" in cmd[:module_at]
     args = cmd[module_at + 1:]
     assert args == backend_args
     if gpus:  # what main() then picks with that command line on this machine

@@ -12,7 +12,7 @@ in an importable module, so they live in this package) and returns each rank's r
 failed, killed or stuck rank becomes a clear error naming that rank, never a hang. Under
 ``torchrun`` the same workers run through ``main()``::
 
-    torchrun --nproc-per-node=2 -m course_utils.parallel --mode ddp --steps 3
+    torchrun --standalone --nproc-per-node=2 -m course_utils.parallel --mode ddp --steps 3
 
 Workers:
 
@@ -27,8 +27,9 @@ Workers:
 Where things are (every name below is also importable from ``course_utils.parallel``):
 
 * ``launcher``      -- ``launch``, ``launch_many``, ``LaunchError``, ``LaunchTimeout``,
-  ``backend_for``, ``free_port``, ``compared``: spawning the ranks, deadlines, the failing rank
-  named (``_entry``, ``_Output``, ``_dump_stacks``, ``_stop``, ``_diagnose``);
+  ``backend_for``, ``free_port``, ``compared``, ``leave_without_teardown``: spawning the ranks,
+  deadlines, a finished rank's exit, the failing rank named (``_entry``, ``_Output``,
+  ``_dump_stacks``, ``_stop``, ``_diagnose``);
 * ``data_parallel`` -- ``ddp_worker``, ``CrossReplicaBatchNorm3d``, ``norm_worker``, the demos'
   net and batch (``build_net``, ``NORMS``, ``global_batch``), ``single_process_grads``,
   ``accumulated_grads``, ``per_replica_bn_errors``, ``relative_error``;
@@ -74,6 +75,7 @@ from .launcher import (
     free_port,
     launch,
     launch_many,
+    leave_without_teardown,
 )
 from .pipeline import (
     SCHEDULES,
@@ -108,7 +110,7 @@ __all__ = [
     "relu_only", "single_process_grads", "state_bytes",
     "BACKWARD_PREFETCH", "fsdp_backward_moments", "fsdp_rank_memory", "fsdp_units", "fsdp_worker",
     "COLLECTIVE_TIMEOUT_S", "LaunchError", "LaunchTimeout", "backend_for", "compared", "free_port",
-    "launch", "launch_many",
+    "launch", "launch_many", "leave_without_teardown",
     "SCHEDULES", "DecoderStage", "EncoderStage", "OpTimer", "TwoStageUNet", "bubble_fraction", "gpipe_idle",
     "in_flight", "pipeline_layouts", "pipeline_worker", "pipelining_worker", "replay_schedule",
     "replay_timelines", "schedule_order", "split_and_reference", "stage_durations", "stage_of", "stage_parameters",

@@ -119,7 +119,11 @@ def torchrun_command(nproc: int = 2, module: str = "course_utils.parallel") -> t
     GPU, say) the ranks are told to use gloo on the CPU, instead of stopping at the error
     ``torchrun_backend`` raises for that case."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "-m", module]
+    # --standalone: the rendezvous on a free port of this machine, not torchrun's fixed 29500,
+    # where a second run at the same time (another notebook, a class on one server) would meet
+    # this one and share its rendezvous store
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", module]
     if gpus >= nproc:
         return cmd, f"{nproc} processes, NCCL, one GPU each"
     if gpus:
@@ -165,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         r = train_worker(rank, world, device, config)
         _say(f"rank {rank}/{world} ({backend}): losses {[round(v, 4) for v in r['losses']]}")
+        dist.barrier()  # no collective may still be in flight when the process group goes
     finally:
         dist.destroy_process_group()
     return 0

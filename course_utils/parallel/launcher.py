@@ -160,6 +160,17 @@ def _save(path: Path, record: dict) -> None:
     os.replace(tmp, path)  # a reader never sees half a file
 
 
+def leave_without_teardown(code: int) -> None:
+    """End a rank whose work is done, with exit status ``code``, skipping the interpreter's
+    teardown. Under load, gloo's background threads can still be running when C++ static
+    destructors run, and the process then aborts ("terminate called without an active
+    exception", SIGABRT) after its work is done and its output printed: torchrun and ``launch``
+    would report a rank that succeeded as failed. Call it after ``destroy_process_group``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _exit_with_parent(parent_pid: int) -> None:
     """A rank whose notebook kernel died takes its process group with it (no orphans)."""
     while True:
@@ -207,12 +218,7 @@ def _entry(rank: int, world_size: int, port: int, worker_ref: tuple[str, str], c
         if dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
-    # The result is on disk. Leave now, without the interpreter's teardown: under load, gloo's
-    # background threads can still be running when C++ static destructors run, and the process
-    # then aborts ("terminate called without an active exception") after its work is done.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    leave_without_teardown(code)  # the result is on disk
 
 
 class _Output:
