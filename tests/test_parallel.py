@@ -23,7 +23,7 @@ from course_utils.parallel import (
     replay_timelines, schedule_order, single_process_grads, source_worker,
 )
 from course_utils import seed000_unet
-from course_utils.parallel import free_port, fsdp_backward_moments, gpipe_idle, pipeline_layouts, stage_parameters
+from course_utils.parallel import fsdp_backward_moments, rendezvous_store, gpipe_idle, pipeline_layouts, stage_parameters
 
 
 @pytest.fixture(scope="module")
@@ -278,6 +278,13 @@ def test_ddp_buckets_are_a_copy_of_the_gradients_unless_views(runs):
     assert views["bucket_bytes"] == views["grad_bytes"] and views["bucket_extra_bytes"] == 0
 
 
+def _torchrun_rank_env(port: int) -> dict[str, str]:
+    """The environment torchrun gives the only rank of a 1-rank run whose agent hosts the
+    rendezvous store on ``port`` (the rank connects to it, as under torchrun, and binds nothing)."""
+    return {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+
+
 def test_torchrun_rank_prints_its_line_in_one_write(monkeypatch):
     """Notebook 08's text rests on this: under torchrun each rank prints whole lines."""
     from course_utils.parallel import cli
@@ -294,8 +301,8 @@ def test_torchrun_rank_prints_its_line_in_one_write(monkeypatch):
 
     # what PYTHONUNBUFFERED=1 gives a process: every write goes straight through
     monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(Raw(), write_through=True))
-    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
+    store = rendezvous_store()  # torchrun's agent hosts the store; this test plays the agent
+    for key, value in _torchrun_rank_env(store.port).items():
         monkeypatch.setenv(key, value)
     assert cli.main(["--steps", "1", "--backend", "gloo"]) == 0
     lines = [c for c in chunks if "rank" in c]
@@ -324,8 +331,8 @@ def test_a_torchrun_rank_that_is_done_leaves_before_the_interpreters_teardown():
     code = ("import atexit, os, runpy, sys; atexit.register(os.abort); "
             "sys.argv = ['course_utils.parallel', '--steps', '1', '--backend', 'gloo']; "
             "runpy.run_module('course_utils.parallel', run_name='__main__', alter_sys=True)")
-    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    store = rendezvous_store()
+    env = {**os.environ, **_torchrun_rank_env(store.port)}
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=300)  # subprocess.run kills the child when the time is up
     assert run.returncode == 0, run.stderr[-2000:]

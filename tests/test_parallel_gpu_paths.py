@@ -73,10 +73,9 @@ def test_split_check_runs_its_reference_on_the_first_stage_device():
 def test_launch_sets_the_device_before_init_and_passes_it(monkeypatch):
     calls = []
     _fake_gpus(monkeypatch, 2, calls)
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", "1")
+    store = launcher.rendezvous_store()  # launch's own store, which rank 1 joins as a client
     with pytest.raises(_Stop):
-        launcher._init(1, 2, 29500)
+        launcher._init(1, 2, store.port)
     assert calls == [("set_device", torch.device("cuda", 1)), ("init", "nccl", torch.device("cuda", 1))]
 
 

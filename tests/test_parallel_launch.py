@@ -6,6 +6,7 @@ lands on the notebook's stderr. Workers: tests/launch_workers.py."""
 import math
 import os
 import re
+import socket
 import sys
 import time
 import types
@@ -143,6 +144,33 @@ def test_a_bad_timeout_is_refused(timeout):
         launch(failing_worker, 2, timeout_s=timeout)
     with pytest.raises(ValueError, match="collective_timeout_s must be a positive number"):
         launch(failing_worker, 2, collective_timeout_s=timeout)
+
+
+def test_no_other_process_can_take_the_port_where_the_ranks_meet(monkeypatch):
+    """CI, 2026-11-28, on a loaded machine: ``launch`` picked a free port, released it, and rank 0
+    found it taken (EADDRINUSE) when it bound it seconds later; notebook 09 failed. Here a thief
+    takes every port this process releases, at once: the ranks must still meet (the launching
+    process holds its store's port from bind to the end)."""
+    stolen, close = [], socket.socket.close
+
+    def close_then_steal(sock):
+        try:
+            port = sock.getsockname()[1] if sock.family == socket.AF_INET else 0
+        except OSError:
+            port = 0
+        close(sock)
+        if port:
+            thief = socket.socket()
+            thief.bind(("127.0.0.1", port))
+            thief.listen()
+            stolen.append(thief)
+
+    monkeypatch.setattr(socket.socket, "close", close_then_steal)
+    try:
+        assert launch(lw.printing_worker, 2, {"lines": 1}, timeout_s=120) == [0, 1]
+    finally:
+        for thief in stolen:
+            close(thief)
 
 
 def test_output_comes_back_whole_lines_prefixed_with_the_rank(capfd):

@@ -27,9 +27,9 @@ Workers:
 Where things are (every name below is also importable from ``course_utils.parallel``):
 
 * ``launcher``      -- ``launch``, ``launch_many``, ``LaunchError``, ``LaunchTimeout``,
-  ``backend_for``, ``free_port``, ``compared``, ``leave_without_teardown``: spawning the ranks,
-  deadlines, a finished rank's exit, the failing rank named (``_entry``, ``_Output``,
-  ``_dump_stacks``, ``_stop``, ``_diagnose``);
+  ``backend_for``, ``rendezvous_store``, ``compared``, ``leave_without_teardown``: spawning the
+  ranks, where they meet, deadlines, a finished rank's exit, the failing rank named (``_entry``,
+  ``_Output``, ``_dump_stacks``, ``_stop``, ``_diagnose``);
 * ``data_parallel`` -- ``ddp_worker``, ``CrossReplicaBatchNorm3d``, ``norm_worker``, the demos'
   net and batch (``build_net``, ``NORMS``, ``global_batch``), ``single_process_grads``,
   ``accumulated_grads``, ``per_replica_bn_errors``, ``relative_error``;
@@ -72,10 +72,10 @@ from .launcher import (
     LaunchTimeout,
     backend_for,
     compared,
-    free_port,
     launch,
     launch_many,
     leave_without_teardown,
+    rendezvous_store,
 )
 from .pipeline import (
     SCHEDULES,
@@ -109,8 +109,8 @@ __all__ = [
     "ddp_worker", "global_batch", "gn_relu", "norm_worker", "per_replica_bn_errors", "relative_error",
     "relu_only", "single_process_grads", "state_bytes",
     "BACKWARD_PREFETCH", "fsdp_backward_moments", "fsdp_rank_memory", "fsdp_units", "fsdp_worker",
-    "COLLECTIVE_TIMEOUT_S", "LaunchError", "LaunchTimeout", "backend_for", "compared", "free_port",
-    "launch", "launch_many", "leave_without_teardown",
+    "COLLECTIVE_TIMEOUT_S", "LaunchError", "LaunchTimeout", "backend_for", "compared",
+    "launch", "launch_many", "leave_without_teardown", "rendezvous_store",
     "SCHEDULES", "DecoderStage", "EncoderStage", "OpTimer", "TwoStageUNet", "bubble_fraction", "gpipe_idle",
     "in_flight", "pipeline_layouts", "pipeline_worker", "pipelining_worker", "replay_schedule",
     "replay_timelines", "schedule_order", "split_and_reference", "stage_durations", "stage_of", "stage_parameters",

@@ -22,7 +22,6 @@ import operator
 import os
 import pickle
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -77,11 +76,14 @@ class LaunchTimeout(TimeoutError):
         self.rank, self.cause, self.details, self.ranks = rank, cause, details, ranks
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now, for a launch's rendezvous."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rendezvous_store(collective_timeout_s: float = COLLECTIVE_TIMEOUT_S) -> dist.TCPStore:
+    """The key-value store where a launch's ranks meet, hosted by the launching process as
+    torchrun's agent hosts its own: it listens on a port of 127.0.0.1 that it binds itself
+    (port 0, ``.port`` says which), and the ranks connect to it as clients. Picking a free port
+    first and letting rank 0 bind it later leaves a gap in which another process can take it
+    (EADDRINUSE in rank 0: seen in CI on a loaded machine, 2026-11-28)."""
+    return dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=collective_timeout_s),
+                         wait_for_workers=False)
 
 
 def backend_for(world_size: int) -> tuple[str, str]:
@@ -94,19 +96,19 @@ def backend_for(world_size: int) -> tuple[str, str]:
 
 def _init(rank: int, world_size: int, port: int,
           collective_timeout_s: float = COLLECTIVE_TIMEOUT_S) -> torch.device:
-    """Join the process group of a ``launch``. On GPUs the rank's device is set *before*
-    ``init_process_group`` and passed as ``device_id`` (the documented order: NCCL then binds
-    this rank's communicator to its own GPU instead of guessing)."""
+    """Join the process group of a ``launch``, through the ``rendezvous_store`` listening on
+    ``port``. On GPUs the rank's device is set *before* ``init_process_group`` and passed as
+    ``device_id`` (the documented order: NCCL then binds this rank's communicator to its own GPU
+    instead of guessing)."""
     backend, dev = backend_for(world_size)
     device = torch.device("cuda", rank) if dev == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     else:
         torch.set_num_threads(1)  # two processes on two cores: one thread each
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group(backend, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=collective_timeout_s),
+    timeout = datetime.timedelta(seconds=collective_timeout_s)
+    store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout)  # a client
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
                             device_id=device if device.type == "cuda" else None)
     return device
 
@@ -361,8 +363,17 @@ def launch(worker: Callable, world_size: int = 2, config: dict | None = None,
                          "strings, lists, dicts and tensors") from None
     name = ref[1]
     ctx = torch.multiprocessing.get_context("spawn")
+    store = rendezvous_store(collective_timeout_s)
+    try:
+        return _run_ranks(ctx, name, ref, blob, world_size, store.port, timeout_s, collective_timeout_s)
+    finally:
+        del store  # the server stops now, not when a traceback that holds this frame is dropped
+
+
+def _run_ranks(ctx, name: str, ref: tuple[str, str], blob: bytes, world_size: int, port: int,
+               timeout_s: float, collective_timeout_s: float) -> list[Any]:
+    """``launch``'s work once its arguments are checked and its store listens on ``port``."""
     with tempfile.TemporaryDirectory() as out:
-        port = free_port()
         procs = [ctx.Process(target=_entry, name=f"{name}-rank{r}", args=(
             r, world_size, port, ref, blob, out, collective_timeout_s, os.getpid()))
             for r in range(world_size)]
