@@ -198,12 +198,13 @@ def test_pipeline_worker_needs_two_ranks():
 def test_a_crash_at_exit_after_every_result_is_a_warning():
     # gloo can abort a process during interpreter teardown, after its work is done: launch keeps
     # the complete results and warns instead of failing
-    with pytest.warns(RuntimeWarning, match="every rank returned its result"):
+    with pytest.warns(RuntimeWarning, match="every rank returned its result") as caught:
         r0, r1 = launch(source_worker, 2, {
             "name": "step", "norm": "gn", "exit_code_after_result": 3,
             "source": "def step(model, x, y, rank, world):\n"
                       "    return [p.detach() for p in model.parameters()][:1]\n"})
     assert r0["rank"] == 0 and r1["rank"] == 1
+    assert caught[0].filename == __file__  # the warning points at the line that called launch
 
 
 # -- the U-Net's two stages, pipeline_layouts' 1F1B arithmetic ----------------------------------

@@ -417,7 +417,8 @@ def _run_ranks(ctx, name: str, ref: tuple[str, str], blob: bytes, world_size: in
             if crashed:  # every rank delivered its result, then a process died on its way out
                 bad = ", ".join(f"rank {r} ({_how_ended(c)})" for r, c in crashed.items())
                 warnings.warn(f"{name}: every rank returned its result, but {bad} crashed while "
-                              "exiting; the results are complete.", RuntimeWarning, stacklevel=2)
+                              "exiting; the results are complete.", RuntimeWarning,
+                              stacklevel=3)  # at the line that called launch, not at launch
             return [records[r]["result"] for r in range(world_size)]
         raise _diagnose(_RunEnd(name, out, records, codes, ended, stopped, stacks, timed_out, timeout_s,
                                collective_timeout_s))
