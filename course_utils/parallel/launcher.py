@@ -361,18 +361,18 @@ def launch(worker: Callable, world_size: int = 2, config: dict | None = None,
     except Exception as err:
         raise ValueError(f"launch: config cannot be sent to the ranks ({err}); keep it to numbers, "
                          "strings, lists, dicts and tensors") from None
-    name = ref[1]
-    ctx = torch.multiprocessing.get_context("spawn")
     store = rendezvous_store(collective_timeout_s)
     try:
-        return _run_ranks(ctx, name, ref, blob, world_size, store.port, timeout_s, collective_timeout_s)
+        return _run_ranks(ref, blob, world_size, store.port, timeout_s, collective_timeout_s)
     finally:
         del store  # the server stops now, not when a traceback that holds this frame is dropped
 
 
-def _run_ranks(ctx, name: str, ref: tuple[str, str], blob: bytes, world_size: int, port: int,
+def _run_ranks(ref: tuple[str, str], blob: bytes, world_size: int, port: int,
                timeout_s: float, collective_timeout_s: float) -> list[Any]:
     """``launch``'s work once its arguments are checked and its store listens on ``port``."""
+    name = ref[1]
+    ctx = torch.multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory() as out:
         procs = [ctx.Process(target=_entry, name=f"{name}-rank{r}", args=(
             r, world_size, port, ref, blob, out, collective_timeout_s, os.getpid()))
