@@ -215,7 +215,7 @@ def bert_base_uncased_lm_head() -> BertLMHeadModel:
     return BertLMHeadModel()
 
 
-def sum_loss(output, target: torch.Tensor) -> torch.Tensor:
+def sum_loss(output, target: torch.Tensor) -> torch.Tensor:  # noqa: ARG001 (the loss signature)
     """``output.sum()`` (or of its "logits"), the loss of the tutorial and the SDPA benchmark; ignores ``target``."""
     if isinstance(output, dict):
         output = output["logits"]
@@ -333,7 +333,7 @@ def fcn_loss(output: tuple[torch.Tensor, torch.Tensor], target: torch.Tensor) ->
     """mmseg's training losses: each head's logits resized (bilinear) to the label, CE with
     ignore_index 255 (per-pixel, then mean), weights 1.0 and 0.4, plus the logged top-1 pixel accuracy."""
     total = 0.0
-    for logits, weight in zip(output, (1.0, 0.4)):
+    for logits, weight in zip(output, (1.0, 0.4), strict=True):
         up = F.interpolate(logits, size=target.shape[-2:], mode="bilinear", align_corners=False)
         loss = F.cross_entropy(up, target, ignore_index=255, reduction="none")
         total = total + weight * loss.mean()
