@@ -20,10 +20,13 @@ Layer 1 -- foundations: they import nothing of the course
 * ``markdown``       -- link targets and code spans of Markdown, for the layout checks and the release
 * ``parallel_plots`` -- drawings for notebooks 08 and 09: per-rank memory, pipeline schedules
 * ``fit_examples``   -- ResNet-18 2D, ViT-tiny, a 1D conv net: networks the course does not teach
+* ``fit_published``  -- published GPU memory figures, and the networks they were measured on
 
 Layer 2 -- the training step and its measurement
 
 * ``train``          -- a training step, a short loop, the Dice score
+* ``loops``          -- the training loops people run, as data: optimizer, kept gradients,
+                        accumulation, optimizer in backward, forward-only modes
 * ``memory``         -- (a package) saved-for-backward meter, hook table (MemTracker), GPU-free
                         peak predictor, CUDA peaks, out-of-memory explained
 
@@ -57,6 +60,8 @@ Layer 5 -- tools built on them
 * ``fit``            -- does my network fit? every technique applied to any nn.Module, with a CLI
 * ``fit_model``      -- the learner's network as ``fit`` sees it: checked, built on fake tensors,
                         its blocks, each technique applied
+* ``fit_report``     -- what ``fit`` found: rows, summary, tables, plots, ``--json``'s data
+* ``fit_validation`` -- ``fit`` against ``fit_published``'s figures: ratios, docs/fit-validation.md
 * ``benchmark``      -- every technique on seed 000's U-Net, predicted and (on a GPU) measured
 * ``amp_check``      -- ``amp_rules`` checked op by op on the course's nets against the real
                         AutocastCUDA kernels (``python -m course_utils.amp_check``)

@@ -9,6 +9,9 @@ card needs more, and this module is the one place that says how much:
   else assumes it, and says which in ``Overheads.source``; ``seed000_overheads()`` is the context
   seed 000's own numbers imply (~1.1 GiB), the alternative a learner compares with.
 * ``usable_bytes(card_gib)`` -- the largest predicted peak a card holds under ``overheads()``.
+* ``cublas_workspaces`` -- the cuBLAS workspaces a step with matrix products keeps (PyTorch's
+  documented default per card, or ``CUBLAS_WORKSPACE_CONFIG``): ``fit`` adds them as a line of
+  their own (``Overheads.workspace_bytes``).
 * ``BatchModel`` / ``batch_model`` -- the steady-state peak as ``fixed + batch x per_sample``
   (``steady_state``: Adam's moments resident; ``fixed_bytes``: what does not grow with the batch),
   from which the largest batch follows.
@@ -17,6 +20,8 @@ card needs more, and this module is the one place that says how much:
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 
 from .memory import MiB
@@ -30,14 +35,15 @@ class Overheads:
     context_mib: float  # CUDA context + libraries: part of the card, never in memory_allocated
     slack: float  # fraction of the predicted peak: workspaces, rounding, fragmentation
     source: str
+    workspace_bytes: int = 0  # cuBLAS workspaces, a line of their own (``cublas_workspaces``)
 
     def needed(self, predicted_peak: float) -> float:
         """Bytes of the card a step with this predicted allocated peak needs."""
-        return predicted_peak * (1 + self.slack) + self.context_mib * MiB
+        return predicted_peak * (1 + self.slack) + self.workspace_bytes + self.context_mib * MiB
 
     def usable(self, card_bytes: float) -> float:
         """The largest predicted allocated peak a card of ``card_bytes`` holds (``needed``'s inverse)."""
-        return (card_bytes - self.context_mib * MiB) / (1 + self.slack)
+        return (card_bytes - self.context_mib * MiB - self.workspace_bytes) / (1 + self.slack)
 
 
 #: the slack assumed: seed 000's own hook table shows reserved/allocated of 1.05-1.10 at its peaks
@@ -86,6 +92,45 @@ def seed000_overheads(slack: float | None = None) -> Overheads:
                      f"seed 000's numbers: nvidia-smi ~{SEED000_SMI_MIB} MiB less its largest mem_cached "
                      f"{SEED000_PEAK_CACHED_BYTES / MiB:,.0f} MiB = {context:,.0f} MiB outside the caching "
                      f"allocator (their GPU, driver and libraries); slack {100 * slack:.0f} % as the default")
+
+
+#: PyTorch's documented default ``CUBLAS_WORKSPACE_CONFIG`` (docs, "CUDA environment variables":
+#: ":4096:2:16:8 ... a total size of 2 * 4096 + 8 * 16 KiB") and, since torch 2.3, 32 MiB
+#: (":4096:8") on compute capability 9.x, 10.x and 12.x (aten/src/ATen/cuda/CublasHandlePool.cpp,
+#: getChosenWorkspaceSize: "32MiB for Hopper and Blackwell")
+CUBLAS_DEFAULT_CONFIG = ":4096:2:16:8"
+CUBLAS_HOPPER_CONFIG = ":4096:8"
+
+
+def cublas_config_bytes(config: str) -> int:
+    """Bytes of a ``CUBLAS_WORKSPACE_CONFIG`` value: ``:SIZE:COUNT`` pairs in KiB, summed."""
+    pairs = re.findall(r":(\d+):(\d+)", config or "")
+    if not pairs or "".join(f":{a}:{b}" for a, b in pairs) != config.strip():
+        raise ValueError(f"CUBLAS_WORKSPACE_CONFIG={config!r}: expected :SIZE:COUNT pairs in KiB, e.g. "
+                         f"{CUBLAS_DEFAULT_CONFIG}. Fix: correct or unset it")
+    return sum(int(a) * int(b) * 1024 for a, b in pairs)
+
+
+def cublas_workspaces(compute_capability: tuple[int, int] | None, handles: int,
+                      config: str | None = None) -> tuple[int, str]:
+    """(bytes, how): the cuBLAS workspaces a step keeps allocated once it has run a matrix
+    product. PyTorch allocates one per (cuBLAS handle, stream) through the caching allocator,
+    so they count in ``memory_allocated``, and keeps them until
+    ``torch._C._cuda_clearCublasWorkspaces()``; a handle belongs to a thread, and autograd's
+    backward runs on a thread of its own (``handles=2`` for a training step, 1 for a forward).
+    ``config``: ``CUBLAS_WORKSPACE_CONFIG`` if set (default: the environment's), else PyTorch's
+    default for the card's compute capability."""
+    config = config if config is not None else os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    if config is not None:
+        src = f"CUBLAS_WORKSPACE_CONFIG={config} (set)"
+    else:
+        hopper = compute_capability is not None and compute_capability[0] in (9, 10, 12)
+        config = CUBLAS_HOPPER_CONFIG if hopper else CUBLAS_DEFAULT_CONFIG
+        cc = "unknown card" if compute_capability is None else f"compute capability {compute_capability[0]}.{compute_capability[1]}"
+        src = f"PyTorch's documented default {config} for {cc}"
+    each = cublas_config_bytes(config)
+    return handles * each, (f"cuBLAS workspaces {handles} x {each / MiB:.3f} MiB ({src}; one per thread's handle: "
+                            "forward" + (" and autograd's backward" if handles > 1 else "") + "; assumed, not measured)")
 
 
 def usable_bytes(card_gib: float) -> int:

@@ -45,6 +45,7 @@ class Card:
     pcie: str  # PCIe generation x lanes
     pcie_bytes_per_s: float  # theoretical host <-> device bandwidth per direction
     source: str
+    compute_capability: tuple[int, int] | None = None  # CUDA's (major, minor): picks cuBLAS's workspace size
 
     def flops(self, precision: str) -> float:
         """FLOP/s of the convolutions of a ``PRECISIONS`` key: its model dtype, or autocast's."""
@@ -68,15 +69,15 @@ def pcie_bytes_per_s(gen: int, lanes: int = 16) -> float:
 CARDS: dict[str, Card] = {c.name: c for c in (
     Card("GTX 1080", 8.87e12, 8.87e12, 8.87e12, 320e9, "3.0 x16", pcie_bytes_per_s(3),
          "NVIDIA GeForce GTX 1080 whitepaper (2016): 2560 CUDA cores at 1733 MHz boost = 8.87 TFLOP/s "
-         "FP32, no tensor cores; 8 GB GDDR5X, 320 GB/s; PCIe 3.0 x16"),
+         "FP32, no tensor cores; 8 GB GDDR5X, 320 GB/s; PCIe 3.0 x16", (6, 1)),
     Card("RTX 2080", 10.07e12, 40.3e12, 10.07e12, 448e9, "3.0 x16", pcie_bytes_per_s(3),
          "NVIDIA Turing architecture whitepaper (2018), GeForce RTX 2080 (reference clocks): 2944 CUDA "
          "cores at 1710 MHz = 10.1 TFLOP/s FP32, 40.3 TFLOP/s FP16 tensor with FP32 accumulate; 8 GB "
-         "GDDR6, 448 GB/s; PCIe 3.0 x16"),
+         "GDDR6, 448 GB/s; PCIe 3.0 x16", (7, 5)),
     Card("RTX 3070", 20.3e12, 40.6e12, 40.6e12, 448e9, "4.0 x16", pcie_bytes_per_s(4),
          "NVIDIA Ampere GA102 whitepaper (2020), appendix A, GeForce RTX 3070: 5888 CUDA cores at 1725 "
          "MHz = 20.3 TFLOP/s FP32, 40.6 TFLOP/s FP16 and BF16 tensor with FP32 accumulate (dense); 8 GB "
-         "GDDR6, 448 GB/s; PCIe 4.0 x16"),
+         "GDDR6, 448 GB/s; PCIe 4.0 x16", (8, 6)),
 )}
 #: the card ``step_cost`` assumes when none is named: an 8 GB card with tensor cores on PCIe 3.0
 DEFAULT_CARD = "RTX 2080"

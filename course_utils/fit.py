@@ -1,17 +1,22 @@
 """Does my network fit? The course's memory tools applied to the learner's own network.
 
-``fit(build, input_shape, card_gib=8)`` predicts one training step of any ``nn.Module`` (fp32,
-Adam, the steady state from step 2 on, CUDA's rules) and then the same step under each technique
-of the course, and says for each: the predicted peak, what the card needs for it, whether it
-fits, the largest batch that fits, and the time per step against the plain step (an estimate).
-``python -m course_utils.fit MODULE:BUILDER --input 8,1,512,512 --card 8`` prints the same.
+``fit(build, input_shape, card_gib=8)`` predicts one step of any ``nn.Module`` (fp32, the
+steady state from step 2 on, CUDA's rules) in the loop the user runs (``loops.Loop``: Adam by
+default, or AdamW / SGD / no optimizer, foreach or fused, kept gradients, gradient accumulation,
+the optimizer inside backward, or a forward-only or inference pass; a model with several outputs
+through ``output=``), then the same step under each technique of the course, and says for each:
+the predicted peak, what the card needs for it, whether it fits, the largest batch that fits,
+and the time per step against the plain step (an estimate).
+``python -m course_utils.fit MODULE:BUILDER --input 8,1,512,512 --card 8`` prints the same
+(``--json``: every figure as data; exit code 0 if the plain step fits the card, 3 if it does not,
+2 for bad input).
 
 Method
 ------
 * **Memory** is ``memory.predict_step``: the model is built by ``build()`` inside
-  ``FakeTensorMode`` (shapes and dtypes, no data) and trained for one step under ``MemoryLog``
-  (PyTorch's ``MemTracker``): Adam's state resident, the CUDA allocator's 512-byte blocks,
-  CUDA's autocast op lists. ``peak`` is the predicted ``torch.cuda.max_memory_allocated()``.
+  ``FakeTensorMode`` (shapes and dtypes, no data) and runs one step of the loop under
+  ``MemoryLog`` (PyTorch's ``MemTracker``): the optimizer's state resident, the CUDA allocator's
+  512-byte blocks, CUDA's autocast op lists. ``peak`` is the predicted ``torch.cuda.max_memory_allocated()``.
   Where it is (module and phase) is ``MemoryLog.peak_location``; what each top-level module
   leaves alive for backward is the saved-tensor meter's growth during its forward.
 * **What the card needs** is ``budget.Overheads`` applied to the peak: the CUDA context and a
@@ -27,6 +32,9 @@ Method
   write (``cost.ElementwiseBytes``) and, for offload, what ``save_on_cpu`` copies to the host
   and back, at a card's spec-sheet rates (``cost.card``; ``DEFAULT_CARD`` unless
   ``time_card`` names another). Reported as a ratio to the plain step.
+
+Time is counted only when a technique is asked for (its rows are ratios to the plain step).
+A call over a few seconds shows a progress bar (``progress``).
 
 Techniques (``TECHNIQUES``)
 ---------------------------
@@ -57,7 +65,9 @@ Limits
 ------
 A fake-tensor step cannot see the CUDA context, cuDNN workspaces or fragmentation (the
 ``Overheads``), nor NCCL's buffers; it follows CUDA's autocast op lists, but the attention kernel
-it picks is the CPU's. Models whose forward reads tensor values (``.item()``, ``.tolist()``,
+it picks is the CPU's. In ``mode="forward"`` the rows are a train-mode forward and its loss (``checkpoint-blocks``,
+``selective`` and ``offload`` change what it keeps); in ``mode="inference"`` the techniques that
+change what is kept for backward, and the parallel ones, do not apply. Models whose forward reads tensor values (``.item()``, ``.tolist()``,
 ``.numpy()``, a Python ``if`` on a tensor, ``nonzero``) or needs a real CUDA device cannot run on
 fake tensors: ``fit`` refuses them (``FitError``) and names what to do. Combinations of
 techniques are not predicted; each row is one technique on the plain fp32 step.
@@ -66,19 +76,20 @@ techniques are not predicted; each row is one technique on the plain fp32 step.
 from __future__ import annotations
 
 import argparse
-import contextlib
+import json
+import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .amp_rules import autocast_rules
-from .budget import batch_model, ddp_bucket_bytes, overheads, steady_state, usable_bytes
-from .checkpointing import plot_breakdowns
-from .cost import ElementwiseBytes, SaveOnCpuMeter, card, pareto
+from .budget import cublas_workspaces, ddp_bucket_bytes, fixed_bytes, overheads
+from .cost import ElementwiseBytes, SaveOnCpuMeter, card
 from .fit_model import (
     FitError,
     activation_modules,
@@ -87,13 +98,18 @@ from .fit_model import (
     explain_failure,
     parse_shape,
     resolve_builder,
+    resolve_function,
     variant,
 )
-from .memory import mib, predict_step, prime_optimizer
+from .fit_report import BASELINE, FitReport, Row, by_module, peak_where
+from .loops import Loop, LoopError, select_output
+from .memory import predict_step
 from .parallel.fsdp import fsdp_rank_memory
-from .train import training_step
 
-#: the losses the CLI knows, by name; from Python ``loss=`` also takes a callable(logits, target)
+__all__ = ["BASELINE", "LOSSES", "TECHNIQUES", "FitError", "FitReport", "Row", "StepCost", "StepSpec", "fit",
+           "largest_batch", "main", "step_cost"]
+
+#: the losses the CLI knows, by name; ``loss=`` also takes MODULE:FUNCTION or a callable(output, target)
 LOSSES: dict[str, Callable[..., torch.Tensor]] = {
     "cross_entropy": F.cross_entropy,
     "mse": F.mse_loss,
@@ -102,26 +118,40 @@ LOSSES: dict[str, Callable[..., torch.Tensor]] = {
 RANKS = (2, 4, 8)
 TECHNIQUES = ("autocast-fp16", "autocast-bf16", "inplace", "checkpoint-blocks", "selective", "offload",
               *(f"ddp-{n}" for n in RANKS), *(f"fsdp-{n}" for n in RANKS))
-BASELINE = "none (fp32)"
 _AUTOCAST = {"autocast-fp16": torch.float16, "autocast-bf16": torch.bfloat16}
 _PRECISION = {"autocast-fp16": "autocast_fp16", "autocast-bf16": "autocast_bf16"}  # cost.Card.flops keys
-#: the bar categories (MemTracker's) and the names ``FitReport.breakdown`` gives them
-_RENAME = {"Temp": "Temporary"}
+_KEPT_FOR_BACKWARD = ("checkpoint-blocks", "selective", "offload")  # change what backward finds saved
+#: the aten ops that run on cuBLAS on a GPU (a step with any of them keeps cuBLAS workspaces)
+_CUBLAS_OPS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "_scaled_mm", "addmv", "mv", "dot"}
+
+
 def _gpus(tech: str) -> int:
     """N of ``ddp-N`` / ``fsdp-N``; 1 for a one-GPU technique."""
     return int(tech.split("-")[1]) if tech.startswith(("ddp-", "fsdp-")) else 1
 
 
 # --------------------------------------------------------------------------------------------
-# The loss
+# The loss, the loop
 # --------------------------------------------------------------------------------------------
 def _loss_fn(loss: str | Callable) -> tuple[str, Callable]:
     if callable(loss):
         return getattr(loss, "__name__", "custom"), loss
+    if isinstance(loss, str) and ":" in loss:
+        return loss, resolve_function(loss, "LOSS", "mypkg.losses:dice_loss", "takes (output, target)")
     if loss not in LOSSES:
-        raise FitError(f"unknown loss {loss!r}: known are {', '.join(LOSSES)}. Fix: pick one of them, or from "
-                       "Python pass a callable, fit.fit(..., loss=my_loss, target_shape=..., n_classes=...).")
+        raise FitError(f"unknown loss {loss!r}: known are {', '.join(LOSSES)}. Fix: pick one of them, give "
+                       "MODULE:FUNCTION of your own loss(output, target), or from Python pass a callable, "
+                       "fit.fit(..., loss=my_loss, target_shape=..., n_classes=...).")
     return loss, LOSSES[loss]
+
+
+def make_loop(**options: Any) -> Loop:
+    """``loops.Loop(**options)``, its errors as ``FitError`` (the CLI's option names in the fix)."""
+    try:
+        return Loop(**options)
+    except LoopError as e:
+        raise FitError(f"{e}".replace("mode '", "--mode '").replace("optimizer_in_backward", "--optimizer-in-backward")
+                       .replace("keep_grads", "--keep-grads")) from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -129,14 +159,16 @@ def _loss_fn(loss: str | Callable) -> tuple[str, Callable]:
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StepSpec:
-    """The training step ``fit`` predicts: input and target per sample, the loss."""
+    """The step ``fit`` predicts: input and target per sample, the loss, the loop."""
 
     sample_shape: tuple[int, ...]  # the input without its batch dim
     target_sample: tuple[int, ...]  # the target without its batch dim
     n_classes: int | None  # class-index targets (None: float targets)
     loss_name: str
     loss_fn: Callable = field(repr=False)
-    output_shape: tuple[int, ...] = ()  # the model's output at the given batch
+    output_shape: tuple[int, ...] = ()  # the loss's input (the selected output) at the given batch
+    loop: Loop = Loop()
+    cublas: bool = False  # the step runs a matrix product (cuBLAS on a GPU)
 
     def input_shape(self, batch: int) -> tuple[int, ...]:
         return (batch, *self.sample_shape)
@@ -145,13 +177,42 @@ class StepSpec:
         return (batch, *self.target_sample)
 
 
+class _OpNames(TorchDispatchMode):
+    """The names of the aten ops a region runs (``_CUBLAS_OPS`` decides the workspace line)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def _loss_input(out: Any, loop: Loop, custom_loss: bool) -> Any:
+    """What the loss takes from the model's output; a FitError that names ``--output`` when a
+    named loss meets several outputs."""
+    try:
+        sel = select_output(out, loop.output)
+    except LoopError as e:
+        raise FitError(str(e).replace("output=", "--output ")) from None
+    if not isinstance(sel, torch.Tensor) and not custom_loss:
+        kind = "keys " + ", ".join(map(repr, sel)) if isinstance(sel, dict) else f"{type(sel).__name__}"
+        raise FitError(f"the model returns a {type(sel).__name__} ({kind}), not one tensor. Fix: --output NAME or "
+                       "INDEX picks the tensor the loss takes (e.g. --output logits, --output 0), or --loss "
+                       "MODULE:FUNCTION takes the whole output.")
+    return sel
+
+
 def _probe(build: Callable[[], nn.Module], input_shape: tuple[int, ...], loss: str | Callable,
-           target_shape: Sequence[int] | None, n_classes: int | None) -> tuple[StepSpec, dict[str, Any]]:
+           target_shape: Sequence[int] | None, n_classes: int | None,
+           loop: Loop = Loop()) -> tuple[StepSpec, dict[str, Any]]:
     """Build the model and run its forward and the loss once on fake tensors: the output's
     shape decides the target; any failure becomes a FitError that names the fix."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     loss_name, loss_fn = _loss_fn(loss)
+    custom = loss_fn not in LOSSES.values()
     if target_shape is not None:
         target_shape = parse_shape(target_shape, "target shape", 1)
         if target_shape[0] != input_shape[0]:
@@ -166,42 +227,67 @@ def _probe(build: Callable[[], nn.Module], input_shape: tuple[int, ...], loss: s
                 "activations_off": [type(m).__name__ for m in activation_modules(model) if not m.inplace]}
         x = torch.randn(input_shape)
         try:
-            with torch.no_grad():
+            with torch.no_grad(), _OpNames() as ops:
                 out = model(x)
         except Exception as e:
             raise explain_failure(e, "the model's forward", input_shape) from e
-        if not isinstance(out, torch.Tensor):
-            raise FitError(f"the model returns a {type(out).__name__}, not one tensor. Fix: wrap it so that forward "
-                           "returns the logits the loss takes (e.g. `lambda: Wrapped(net)` taking out['out']).")
-        out_shape = tuple(out.shape)
-        classify = n_classes is not None or (loss_name == "cross_entropy" and loss_fn is F.cross_entropy)
-        if classify:
-            if len(out_shape) < 2:
-                raise FitError(f"{loss_name} needs logits of shape (batch, classes, ...), the model returns "
-                               f"{out_shape}. Fix: use --loss mse or bce for one output per sample, or give the "
-                               "model a class dimension.")
-            if n_classes is not None and n_classes != out_shape[1]:
-                raise FitError(f"--classes {n_classes} but the model's output {out_shape} has {out_shape[1]} "
-                               f"classes in dim 1. Fix: --classes {out_shape[1]} (or leave it out).")
-            n_classes = out_shape[1]
-            want = (out_shape[0], *out_shape[2:])
-        else:
-            want = out_shape
-        tgt = tuple(target_shape) if target_shape is not None else want
-        if tgt != want:
-            kind = "class indices (the output without its class dim)" if classify else "the output's shape"
-            raise FitError(f"target shape {tgt} does not match the model's output {out_shape} for {loss_name}: "
-                           f"it needs {kind}, {want}. Fix: --target-shape {','.join(map(str, want))} (or leave "
-                           "it out)" + ("" if classify else ", or use --loss cross_entropy for class labels") + ".")
-        y = torch.randint(0, n_classes, tgt) if classify else torch.randn(tgt)
-        try:
-            loss_fn(torch.randn(out_shape, requires_grad=True), y).backward()
-        except Exception as e:
-            raise FitError(f"the loss {loss_name} refuses the model's output {out_shape} with a target {tgt} "
-                           f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). Fix: pick the loss "
-                           "that matches the output (--loss cross_entropy|mse|bce), or pass --target-shape.") from e
-    spec = StepSpec(input_shape[1:], tgt[1:], n_classes if classify else None, loss_name, loss_fn, out_shape)
+        sel = _loss_input(out, loop, custom)
+        out_shape = tuple(sel.shape) if isinstance(sel, torch.Tensor) else ()
+        tgt, n_classes = _target(loss_name, loss_fn, out_shape, target_shape, n_classes, custom)
+        y = torch.randint(0, n_classes, tgt) if n_classes else torch.randn(tgt)
+        if loop.mode != "inference":
+            _check_loss(loss_name, loss_fn, sel, out_shape, y, tgt)
+    spec = StepSpec(input_shape[1:], tgt[1:], n_classes, loss_name, loss_fn, out_shape, loop,
+                    bool(ops.names & _CUBLAS_OPS))
     return spec, info
+
+
+def _target(loss_name: str, loss_fn: Callable, out_shape: tuple[int, ...], target_shape: tuple[int, ...] | None,
+            n_classes: int | None, custom: bool) -> tuple[tuple[int, ...], int | None]:
+    """The target's shape and class count (None: float targets) for the loss and the output."""
+    classify = n_classes is not None or (loss_name == "cross_entropy" and loss_fn is F.cross_entropy)
+    if custom and not out_shape:  # a loss on the whole (non-tensor) output: the target is the user's to say
+        if target_shape is None:
+            raise FitError("a loss that takes the model's whole output needs the target's shape. Fix: "
+                           "--target-shape B,... (and --classes N for class indices).")
+        return tuple(target_shape), n_classes
+    if classify:
+        if len(out_shape) < 2:
+            raise FitError(f"{loss_name} needs logits of shape (batch, classes, ...), the model returns "
+                           f"{out_shape}. Fix: use --loss mse or bce for one output per sample, or give the "
+                           "model a class dimension.")
+        if n_classes is not None and n_classes != out_shape[1]:
+            raise FitError(f"--classes {n_classes} but the model's output {out_shape} has {out_shape[1]} "
+                           f"classes in dim 1. Fix: --classes {out_shape[1]} (or leave it out).")
+        n_classes = out_shape[1]
+        want = (out_shape[0], *out_shape[2:])
+    else:
+        want = out_shape
+    tgt = tuple(target_shape) if target_shape is not None else want
+    if tgt != want and not custom:
+        kind = "class indices (the output without its class dim)" if classify else "the output's shape"
+        raise FitError(f"target shape {tgt} does not match the model's output {out_shape} for {loss_name}: "
+                       f"it needs {kind}, {want}. Fix: --target-shape {','.join(map(str, want))} (or leave "
+                       "it out)" + ("" if classify else ", or use --loss cross_entropy for class labels") + ".")
+    return tgt, (n_classes if classify else None)
+
+
+def _check_loss(loss_name: str, loss_fn: Callable, sel: Any, out_shape: tuple[int, ...], y: torch.Tensor,
+                tgt: tuple[int, ...]) -> None:
+    """The loss runs, forward and backward, on the output and the target (fake tensors)."""
+    grad_in = torch.randn(out_shape, requires_grad=True) if out_shape else sel
+    try:
+        value = loss_fn(grad_in, y)
+        if not isinstance(value, torch.Tensor) or value.numel() != 1:
+            raise TypeError(f"it returned {type(value).__name__} {tuple(getattr(value, 'shape', ()))}, "
+                            "not a one-element tensor")
+        if value.requires_grad:
+            value.backward()
+    except Exception as e:
+        raise FitError(f"the loss {loss_name} refuses the model's output {out_shape or type(sel).__name__} with a "
+                       f"target {tgt} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). Fix: pick the "
+                       "loss that matches the output (--loss cross_entropy|mse|bce), pass --target-shape, or "
+                       "--output to pick the tensor the loss takes.") from e
 
 
 @dataclass(frozen=True)
@@ -216,19 +302,21 @@ class StepCost:
 
 def step_cost(build: Callable[[], nn.Module], spec: StepSpec, batch: int,
               autocast_dtype: torch.dtype | None = None, count_packed: bool = False) -> StepCost:
-    """One steady-state training step (Adam, foreach, CUDA's autocast rules) on fake tensors,
-    counted: FLOPs, element-wise bytes and (``count_packed``) what offload would copy."""
+    """One steady-state step of ``spec.loop`` (one micro-batch; foreach unless the loop says
+    otherwise; CUDA's autocast rules) on fake tensors, counted: FLOPs, element-wise bytes and
+    (``count_packed``) what offload would copy."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
     meter, counter = SaveOnCpuMeter(), ElementwiseBytes()
+    loop = spec.loop
     with FakeTensorMode(), autocast_rules("cuda" if autocast_dtype else None):
         model = build_model(build)
         x = torch.randn(spec.input_shape(batch))
         y = (torch.randint(0, spec.n_classes, spec.target_shape(batch)) if spec.n_classes
              else torch.randn(spec.target_shape(batch)))
-        opt = torch.optim.Adam(model.parameters(), foreach=True)
-        prime_optimizer(model, opt)
+        opt = loop.make_optimizer(model, default_foreach=True)
+        loop.prime(model, opt)
         if count_packed:
             forward = model.forward
 
@@ -238,196 +326,40 @@ def step_cost(build: Callable[[], nn.Module], spec: StepSpec, batch: int,
 
             model.forward = metered
         with FlopCounterMode(display=False) as flops, counter:
-            training_step(model, x, y, opt, loss_fn=spec.loss_fn, autocast_dtype=autocast_dtype)
+            loop.run(model, x, y, opt, loss_fn=spec.loss_fn, autocast_dtype=autocast_dtype, micro_batches=1)
         del model, x, y, opt
     return StepCost(int(flops.get_total_flops()), counter.total, meter.total)
 
 
 # --------------------------------------------------------------------------------------------
-# The report
+# The predictions, each made once; the largest batch
 # --------------------------------------------------------------------------------------------
-@dataclass
-class Row:
-    """One technique in ``fit``'s table: the predicted peak and what the card needs (bytes per GPU),
-    whether it fits, the largest global batch and the estimated seconds per step."""
-
-    technique: str
-    peak: int  # predicted max_memory_allocated per GPU at the given batch
-    breakdown: dict[str, int]  # MemTracker categories at the peak (per GPU)
-    card_needs: int
-    fits: bool
-    largest_batch: int  # global batch
-    seconds: float  # estimated per step at the given batch
-    note: str = ""
-    verified: bool = True
-    gpus: int = 1  # ddp-N / fsdp-N: N (time is then the wall time of a step on N GPUs)
-
-
-def _main_parts(b: dict[str, int]) -> dict[str, int]:
-    return {_RENAME.get(k, k): v for k, v in b.items()}
-
-
-@dataclass
-class FitReport:
-    """What ``fit`` found; ``summary()`` in words, ``table`` / ``by_module`` as DataFrames."""
-
-    name: str
-    input_shape: tuple[int, ...]
-    card_gib: float
-    prediction: Any  # memory.Prediction of the plain step
-    spec: StepSpec
-    rows: list[Row]
-    skipped: dict[str, str]
-    by_module: Any  # pandas DataFrame
-    usable: int  # bytes: the largest predicted peak the card holds
-    overheads: Any  # budget.Overheads
-    time_assumption: str
-    blocks: list[tuple[str, int]]
-
-    @property
-    def parameters(self) -> int:
-        return self.prediction.parameters
-
-    @property
-    def breakdown(self) -> dict[str, int]:
-        """The plain step's peak by category (bytes): Parameter, Buffer, Gradient, Optstate,
-        Activation, Temporary, Other (the input and target), Total."""
-        return _main_parts(steady_state(self.prediction.breakdown))
-
-    @property
-    def peak_module(self) -> str:
-        """The innermost module running at the peak, or "(loss)" / "(optimizer)" outside the model."""
-        return _where(self.prediction)[0]
-
-    @property
-    def peak_phase(self) -> str:
-        """"forward", "backward" or "optimizer" (the optimizer step and anything after backward)."""
-        return _where(self.prediction)[1]
-
-    @property
-    def table(self):
-        import pandas as pd
-
-        base = self.rows[0].seconds
-        gib = 2**30
-        return pd.DataFrame([{
-            "technique": r.technique, "peak MiB": round(r.peak / 2**20, 1),
-            "card needs GiB": round(r.card_needs / gib, 2), "fits": r.fits,
-            f"largest batch in {self.card_gib:g} GiB": r.largest_batch,
-            "time x baseline": round(r.seconds / base, 2), "note": r.note} for r in self.rows])
-
-    def summary(self) -> str:
-        b, p = self.breakdown, self.prediction
-        lines = [f"{self.name}: input {tuple(self.input_shape)}, {self.parameters:,} parameters, "
-                 f"loss {self.spec.loss_name} -> output {self.spec.output_shape}",
-                 f"baseline: {p.method}",
-                 f"  peak {mib(p.peak):,.1f} MiB = " + ", ".join(
-                     f"{k} {mib(v):,.1f}" for k, v in b.items() if k != "Total" and v),
-                 f"  the peak is in {self.peak_module} ({self.peak_phase})",
-                 f"card: {self.card_gib:g} GiB holds a predicted peak of {mib(self.usable):,.0f} MiB "
-                 f"({self.overheads.source})", "",
-                 "saved for backward, by top-level module:"]
-        lines += ["  " + s for s in self.by_module.to_string(index=False).splitlines()]
-        lines += ["", f"techniques (one at a time on the fp32 step; {self.time_assumption}):"]
-        with _pandas_wide():
-            lines += ["  " + s for s in self.table.to_string(index=False).splitlines()]
-        if self.skipped:
-            lines += ["", "not applicable:"] + [f"  {k}: {v}" for k, v in self.skipped.items()]
-        lines += ["", "memory-time frontier on one GPU (no other one-GPU row is both smaller and faster):"]
-        for r, front in zip(self.rows, self._front(), strict=True):
-            if front:
-                lines.append(f"  {r.technique}: card needs {r.card_needs / 2**30:.2f} GiB, "
-                             f"time x{r.seconds / self.rows[0].seconds:.2f}")
-        return "\n".join(lines)
-
-    def _front(self) -> list[bool]:
-        one = [r for r in self.rows if r.gpus == 1]
-        front = dict(zip((r.technique for r in one), pareto([(r.seconds, r.card_needs) for r in one]), strict=True))
-        return [front.get(r.technique, False) for r in self.rows]
-
-    def plot(self, ax=None):
-        """Stacked bars per technique (per GPU at the peak), the card's usable line."""
-        ax = plot_breakdowns({r.technique: r.breakdown for r in self.rows}, ax=ax,
-                             title=f"{self.name}, batch {self.input_shape[0]}: predicted peak per GPU",
-                             budget_mib=self.usable / 2**20,
-                             budget_label=f"{self.card_gib:g} GiB card: usable (context + slack off)")
-        return ax
-
-    def plot_frontier(self, ax=None):
-        """Card needs against estimated time per step (x baseline); the Pareto front of the one-GPU
-        techniques joined (ddp-N / fsdp-N, triangles, spend N GPUs: not on the same footing)."""
-        import matplotlib.pyplot as plt
-
-        if ax is None:
-            _, ax = plt.subplots(figsize=(7, 4))
-        base = self.rows[0].seconds
-        front = self._front()
-        pts = [(r.seconds / base, r.card_needs / 2**30, r, f) for r, f in zip(self.rows, front, strict=True)]
-        for t, m, r, f in pts:
-            ax.scatter(t, m, color="C3" if f else "grey", marker="o" if r.gpus == 1 else "^", zorder=3)
-            ax.annotate(r.technique, (t, m), fontsize=7, xytext=(4, 3), textcoords="offset points")
-        fp = sorted((t, m) for t, m, _, f in pts if f)
-        ax.plot([t for t, _ in fp], [m for _, m in fp], "--", color="C3", label="Pareto front (one GPU)")
-        ax.scatter([], [], marker="^", color="grey", label="N GPUs (time: a step on all N)")
-        ax.axhline(self.card_gib, color="black", lw=1, ls=":", label=f"{self.card_gib:g} GiB card")
-        ax.set_xlabel("estimated time per step / baseline (" + self.time_assumption.split(":")[0] + ")")
-        ax.set_ylabel("card needs, GiB per GPU (predicted)")
-        ax.legend(fontsize=8)
-        return ax
-
-
-@contextlib.contextmanager
-def _pandas_wide():
-    import pandas as pd
-
-    with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_colwidth", 80):
-        yield
-
-
-def _by_module(prediction) -> Any:
-    """Saved-for-backward bytes each top-level module adds during its forward (the saved-tensor
-    meter, each storage counted once, at the first module that saves it)."""
-    import pandas as pd
-
-    rows = prediction.log.rows
-    start: dict[int, int] = {}
-    out: dict[str, int] = {}
-    root = None
-    for r in rows:
-        if r.hook == "pre":
-            start[r.call] = r.saved
-        elif r.hook == "fwd" and r.call in start:
-            delta = r.saved - start.pop(r.call)
-            if r.call == 0:
-                root = delta if root is None else root
-            elif "." not in r.module:
-                out[r.module] = out.get(r.module, 0) + delta
-    total = root if root is not None else sum(out.values())
-    rest = total - sum(out.values())
-    if rest > 0:
-        out["(the root's own forward)"] = rest
-    df = pd.DataFrame([{"module": k, "saved MiB": round(v / 2**20, 2), "share %": round(100 * v / total, 1)
-                        if total else 0.0, "saved bytes": v} for k, v in out.items()])
-    return df
-
-
 class _Fitter:
     """One report's predictions and counts, each made once (cached per technique and batch)."""
 
-    def __init__(self, build: Callable[[], nn.Module], spec: StepSpec, card_gib: float, time_card: Any):
+    def __init__(self, build: Callable[[], nn.Module], spec: StepSpec, card_gib: float, time_card: Any,
+                 bar: Any = None):
         self.build, self.spec, self.card_gib = build, spec, card_gib
-        self.over = overheads()
-        self.usable = usable_bytes(card_gib)
         self.gpu = card(time_card)
+        over = overheads()
+        self.workspace = ""
+        if spec.cublas:
+            ws, self.workspace = cublas_workspaces(self.gpu.compute_capability, 1 if spec.loop.mode != "train" else 2)
+            over = replace(over, workspace_bytes=ws)
+        self.over = over
+        self.usable = int(over.usable(card_gib * 2**30))
+        self.bar = bar
         self._preds: dict[tuple[str, int], Any] = {}
         self._costs: dict[tuple[str, int], StepCost] = {}
 
     def predict(self, key: str, batch: int):
         if (key, batch) not in self._preds:
             s = self.spec
+            if self.bar is not None:
+                self.bar.set_postfix_str(f"{key}, batch {batch}")
             self._preds[key, batch] = predict_step(
                 variant(self.build, key), s.input_shape(batch), s.target_shape(batch), loss_fn=s.loss_fn,
-                n_classes=s.n_classes, autocast_dtype=_AUTOCAST.get(key), module_peaks=False)
+                n_classes=s.n_classes, autocast_dtype=_AUTOCAST.get(key), module_peaks=False, loop=s.loop)
         return self._preds[key, batch]
 
     def cost(self, key: str, batch: int) -> StepCost:
@@ -442,135 +374,165 @@ class _Fitter:
         return (c.flops / g.flops(_PRECISION.get(key, "fp32")) + c.elementwise_bytes / g.memory_bytes_per_s
                 + 2 * moved / g.pcie_bytes_per_s)
 
-    def largest(self, peak: Callable[[int], int], fixed: int, per_sample: float, exact: bool,
-                start: tuple[int, int]) -> tuple[int, bool]:
-        """The largest batch with peak(b) <= usable: the affine guess, verified by one prediction;
-        ``exact``: searched until peak(b) fits and peak(b + 1) does not. Returns (batch, verified)."""
+    def largest(self, peak: Callable[[int], int], fixed: int, per_sample: float, start: tuple[int, int],
+                checks: int) -> tuple[int, bool]:
+        """The largest batch with peak(b) <= usable: the affine guess (``fixed + b x per_sample``),
+        then at most ``checks`` predictions, each at the secant's batch through the nearest two
+        known points, kept between the largest batch known to fit and the smallest known not to.
+        Returns (batch, verified): verified when the batch is predicted to fit and (``checks`` >= 2)
+        batch + 1 not to; with ``checks=1``, when the batch is predicted to fit. The plain step
+        takes 3: the guess (the line's second point), the secant's batch, and its neighbour."""
         budget = self.usable
         if per_sample <= 0:
             raise FitError("the prediction does not grow with the batch: cannot size a batch")
+        points = dict([start])
+        lo = start[0] if start[1] <= budget else 0  # fits at lo (0: nothing known)
+        hi = None if start[1] <= budget else start[0]  # does not fit at hi
         guess = max(1, int((budget - fixed) // per_sample))
-        lo, hi = 0, None  # fits at lo (0: nothing known), not at hi
-        points = [start]
-        for _ in range(40 if exact else 2):
-            pg = peak(guess)
-            points.append((guess, pg))
-            if pg <= budget:
+        for _ in range(checks):
+            if hi is not None and hi <= lo + 1:
+                break
+            guess = min(max(guess, lo + 1), hi - 1) if hi is not None else max(guess, lo + 1)
+            if guess not in points:
+                points[guess] = peak(guess)
+            if points[guess] <= budget:
                 lo = max(lo, guess)
-                if not exact:
+                if checks == 1:
                     return lo, True
             else:
                 hi = guess if hi is None else min(hi, guess)
-            if hi is not None and hi == lo + 1:
-                return lo, True
-            if hi == 1:
-                return 0, True
-            # next guess: the line through the two nearest points, kept inside (lo, hi)
-            (b1, p1), (b2, p2) = sorted(points, key=lambda bp: abs(bp[0] - guess))[:2]
-            slope = (p2 - p1) / (b2 - b1) if b2 != b1 else per_sample
-            slope = slope if slope > 0 else per_sample
-            nxt = int(guess + (budget - pg) // slope)
-            top = hi - 1 if hi is not None else max(nxt, lo + 1)
-            nxt = min(max(nxt, lo + 1), top)
-            if hi is not None and nxt == guess:
-                nxt = (lo + hi) // 2 if (lo + hi) // 2 > lo else lo + 1
-            if nxt == guess:
-                nxt = guess + 1
-            guess = nxt
-        return lo, False
+            guess = _secant(points, guess, budget, per_sample)
+            if guess == lo:
+                guess = lo + 1
+        verified = hi is not None and hi == lo + 1
+        return lo, verified
 
 
-def _where(prediction) -> tuple[str, str]:
-    """``MemoryLog.peak_location`` with its phase "optimizer/other" called "optimizer"."""
-    module, phase = prediction.log.peak_location
-    return module, "optimizer" if phase.startswith("optimizer") else phase
+def _secant(points: dict[int, int], at: int, budget: int, per_sample: float) -> int:
+    """The batch where the line through the two known points nearest ``at`` meets ``budget``."""
+    (b1, p1), (b2, p2) = sorted(points.items(), key=lambda bp: abs(bp[0] - at))[:2] if len(points) > 1 else \
+        ((at, points[at]), (at, points[at]))
+    slope = (p2 - p1) / (b2 - b1) if b2 != b1 else per_sample
+    slope = slope if slope > 0 else per_sample
+    return int(at + (budget - points[at]) // slope)
 
 
 def _fixed_and_per_sample(prediction, batch: int) -> tuple[int, float]:
-    """The prediction's bytes that do not grow with the batch, and the bytes each sample adds."""
-    bm = batch_model(prediction, batch)
-    return bm.fixed, bm.per_sample
+    """The prediction's bytes that do not grow with the batch (parameters, buffers, gradients,
+    optimizer state: the steady state's, whatever the optimizer), and the bytes each sample adds."""
+    fixed = fixed_bytes(prediction.breakdown)
+    return fixed, max(1.0, (prediction.peak - fixed) / batch)
 
 
+# --------------------------------------------------------------------------------------------
+# fit
+# --------------------------------------------------------------------------------------------
 def fit(build: Callable[[], nn.Module] | str, input_shape: Sequence[int] | str = (8, 1, 512, 512), *,
         card_gib: float = 8.0, loss: str | Callable = "cross_entropy", target_shape: Sequence[int] | None = None,
         n_classes: int | None = None, techniques: Sequence[str] | str | None = None,
-        time_card: Any = None) -> FitReport:
-    """Predict the training step of ``build()``'s model at ``input_shape`` (batch first) and the
-    same step under each of ``techniques`` (default: all, ``TECHNIQUES``) for a card of
-    ``card_gib`` GiB. ``loss``: a name of ``LOSSES`` or a callable(logits, target); the target
-    is class indices (cross-entropy, or ``n_classes`` given) of the output's shape without its
-    class dim, else floats of the output's shape, unless ``target_shape`` says otherwise.
-    ``time_card``: the card the time estimates assume (``cost.card``). See the module's
-    docstring for the method and its limits."""
+        time_card: Any = None, optimizer: str | None = None, momentum: float | None = None,
+        foreach: bool | None = None, fused: bool = False, keep_grads: bool = False, accumulate: int = 1,
+        optimizer_in_backward: bool = False, mode: str = "train", output: int | str | None = None,
+        progress: bool = True) -> FitReport:
+    """Predict one step of ``build()``'s model at ``input_shape`` (batch first) and the same step
+    under each of ``techniques`` (default: all, ``TECHNIQUES``) for a card of ``card_gib`` GiB.
+
+    ``loss``: a name of ``LOSSES``, ``"MODULE:FUNCTION"`` or a callable(output, target); the
+    target is class indices (cross-entropy, or ``n_classes`` given) of the output's shape without
+    its class dim, else floats of the output's shape, unless ``target_shape`` says otherwise.
+    The loop (``loops.Loop``): ``optimizer`` "adam" (default) | "adamw" | "sgd" | "none",
+    ``momentum`` (SGD; default 0.9), ``foreach`` / ``fused``, ``keep_grads``
+    (``zero_grad(set_to_none=False)``), ``accumulate`` (micro-batches per optimizer step; the
+    batch is the micro-batch), ``optimizer_in_backward``, ``mode`` "train" | "forward" |
+    "inference", ``output`` (the element or key of a tuple / dict output the loss takes).
+    ``time_card``: the card the time estimates and cuBLAS's workspace size assume (``cost.card``).
+    See the module's docstring for the method and its limits."""
     name = build if isinstance(build, str) else getattr(build, "__name__", type(build).__name__)
     build = resolve_builder(build)
     input_shape = parse_shape(input_shape)
-    if not card_gib or card_gib <= 0:
-        raise FitError(f"card size {card_gib!r} GiB: must be > 0. Fix: e.g. --card 8 for an 8 GB card.")
+    if not isinstance(card_gib, (int, float)) or isinstance(card_gib, bool) or not 0 < card_gib < math.inf:
+        raise FitError(f"card size {card_gib!r} GiB: must be a number > 0. Fix: e.g. --card 8 for an 8 GB card.")
+    loop = make_loop(optimizer=optimizer, momentum=momentum, foreach=foreach, fused=fused, keep_grads=keep_grads,
+                     accumulate=accumulate, optimizer_in_backward=optimizer_in_backward, mode=mode, output=output)
     techniques = _techniques(techniques)
-    spec, info = _probe(build, input_shape, loss, target_shape, n_classes)
-    f = _Fitter(build, spec, card_gib, time_card)
-    batch = input_shape[0]
+    spec, info = _probe(build, input_shape, loss, target_shape, n_classes, loop)
+    from tqdm.auto import tqdm  # lazy: tqdm picks its notebook or terminal form when a fit runs
+
+    with tqdm(total=1 + len(techniques), desc=f"fit {name}", unit="row", disable=not progress,
+              file=sys.stderr, leave=False) as bar:
+        f = _Fitter(build, spec, card_gib, time_card, bar)
+        rows, skipped = _rows(f, spec, info, input_shape[0], techniques, bar)
+    g = f.gpu
+    assumption = (f"time estimated for a {g.name}: counted FLOPs at {g.fp32_flops / 1e12:.1f} TFLOP/s fp32, "
+                  f"{g.fp16_flops / 1e12:.1f} fp16, {g.bf16_flops / 1e12:.1f} bf16, element-wise bytes at "
+                  f"{g.memory_bytes_per_s / 1e9:.0f} GB/s, PCIe at {g.pcie_bytes_per_s / 1e9:.2f} GB/s; spec-sheet "
+                  f"peaks, not overlapped; communication between GPUs not counted (source: {g.source})"
+                  if techniques else "no technique asked for: time not estimated")
+    base = f.predict("baseline", input_shape[0])
+    return FitReport(name, input_shape, card_gib, base, spec, rows, skipped, by_module(base), f.usable, f.over,
+                     assumption, info["blocks"], loop, f.workspace, len(f._preds))
+
+
+def _rows(f: _Fitter, spec: StepSpec, info: dict[str, Any], batch: int, techniques: list[str],
+          bar: Any) -> tuple[list[Row], dict[str, str]]:
+    """The plain step's row, then one row per applicable technique (the others with a reason)."""
     try:
         base = f.predict("baseline", batch)
     except FitError:
         raise
     except Exception as e:
-        raise explain_failure(e, "the training step", input_shape) from e
-
+        raise explain_failure(e, "the step", spec.input_shape(batch)) from e
     rows: list[Row] = []
     skipped: dict[str, str] = {}
+    timed = bool(techniques)
 
-    def row(tech: str, peak: int, breakdown: dict[str, int], largest: tuple[int, bool], seconds: float,
+    def row(tech: str, p: Any, peak: int, breakdown: dict[str, int], largest: tuple[int, bool], seconds: float,
             note: str = "") -> None:
         needs = int(f.over.needed(peak))
         lb, ok = largest
-        gpus = _gpus(tech)
-        rows.append(Row(tech, peak, breakdown, needs, needs <= card_gib * 2**30, lb, seconds,
-                        note + ("" if ok else ("; " if note else "") + "largest batch: affine estimate, unverified"),
-                        ok, gpus))
+        if not ok:
+            note += ("; " if note else "") + (f"largest batch: {lb} predicted to fit, {lb + 1} not checked"
+                                              if lb and tech == BASELINE else "largest batch: affine estimate, unverified")
+        after = sum(v for k, v in (p.after_forward or {}).items() if k != "Total") if p is not None else 0
+        rows.append(Row(tech, peak, breakdown, needs, needs <= f.card_gib * 2**30, lb, seconds, note, ok,
+                        _gpus(tech), after))
 
     fixed, per = _fixed_and_per_sample(base, batch)
-    row(BASELINE, base.peak, base.breakdown,
-        f.largest(lambda b: f.predict("baseline", b).peak, fixed, per, True, (batch, base.peak)),
-        f.seconds("baseline", batch), "peak in {} ({})".format(*_where(base)))
-
+    row(BASELINE, base, base.peak, base.breakdown,
+        f.largest(lambda b: f.predict("baseline", b).peak, fixed, per, (batch, base.peak), 3),
+        f.seconds("baseline", batch) if timed else math.nan, "peak in {} ({})".format(*peak_where(base)))
+    bar.update()
     for tech in techniques:
         try:
-            reason = _why_not_applicable(tech, info, batch)
+            reason = _why_not_applicable(tech, info, batch, spec.loop)
             if reason:
                 skipped[tech] = reason
-                continue
-            if tech.startswith(("ddp-", "fsdp-")):
+            elif tech.startswith(("ddp-", "fsdp-")):
                 _parallel_row(f, tech, info, batch, row)
-                continue
-            p = f.predict(tech, batch)
-            fx, ps = _fixed_and_per_sample(p, batch)
-            lb = f.largest(lambda b, t=tech: f.predict(t, b).peak, fx, ps, False, (batch, p.peak))
-            moved = f.cost("offload", batch).packed_bytes if tech == "offload" else 0
-            same = abs(p.peak - base.peak) <= 0.005 * base.peak
-            note = {"offload": f"{moved / 2**20:,.0f} MiB to the host and back over PCIe per step",
-                    "inplace": f"{len(info['activations_off'])} activation modules switched"
-                    + ("; peak unchanged: the tensors they overwrite were not kept for backward anyway"
-                       if same else ""),
-                    "checkpoint-blocks": f"{len(info['blocks'])} blocks recomputed in backward",
-                    "selective": f"{len(info['blocks'])} blocks; conv/matmul outputs kept"}.get(tech, "")
-            key = "baseline" if tech in ("inplace", "offload") else tech
-            row(tech, p.peak, p.breakdown, lb, f.seconds(key, batch, moved), note)
+            else:
+                _one_gpu_row(f, tech, info, batch, base, row)
         except FitError:
             raise
         except Exception as e:  # a technique this model does not support (e.g. in-place breaks autograd)
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             skipped[tech] = f"failed on this model: {type(e).__name__}: {first[:200]}"
+        bar.update()
+    return rows, skipped
 
-    g = f.gpu
-    assumption = (f"time estimated for a {g.name}: counted FLOPs at {g.fp32_flops / 1e12:.1f} TFLOP/s fp32, "
-                  f"{g.fp16_flops / 1e12:.1f} fp16, {g.bf16_flops / 1e12:.1f} bf16, element-wise bytes at "
-                  f"{g.memory_bytes_per_s / 1e9:.0f} GB/s, PCIe at {g.pcie_bytes_per_s / 1e9:.2f} GB/s; spec-sheet "
-                  f"peaks, not overlapped; communication between GPUs not counted (source: {g.source})")
-    return FitReport(name, input_shape, card_gib, base, spec, rows, skipped, _by_module(base), f.usable, f.over,
-                     assumption, info["blocks"])
+
+def _one_gpu_row(f: _Fitter, tech: str, info: dict[str, Any], batch: int, base: Any, row: Callable) -> None:
+    p = f.predict(tech, batch)
+    fx, ps = _fixed_and_per_sample(p, batch)
+    lb = f.largest(lambda b, t=tech: f.predict(t, b).peak, fx, ps, (batch, p.peak), 1)
+    moved = f.cost("offload", batch).packed_bytes if tech == "offload" else 0
+    same = abs(p.peak - base.peak) <= 0.005 * base.peak
+    note = {"offload": f"{moved / 2**20:,.0f} MiB to the host and back over PCIe per step",
+            "inplace": f"{len(info['activations_off'])} activation modules switched"
+            + ("; peak unchanged: the tensors they overwrite were not kept for backward anyway" if same else ""),
+            "checkpoint-blocks": f"{len(info['blocks'])} blocks recomputed in backward",
+            "selective": f"{len(info['blocks'])} blocks; conv/matmul outputs kept"}.get(tech, "")
+    key = "baseline" if tech in ("inplace", "offload") else tech
+    row(tech, p, p.peak, p.breakdown, lb, f.seconds(key, batch, moved), note)
 
 
 def _techniques(techniques: Sequence[str] | str | None) -> list[str]:
@@ -580,23 +542,29 @@ def _techniques(techniques: Sequence[str] | str | None) -> list[str]:
         techniques = [t.strip() for t in techniques.split(",") if t.strip()]
     unknown = [t for t in techniques if t not in TECHNIQUES]
     if unknown:
-        raise FitError(f"unknown technique(s) {', '.join(unknown)}. Fix: pick from {', '.join(TECHNIQUES)}.")
+        raise FitError(f"unknown technique(s) {', '.join(map(str, unknown))}. Fix: pick from {', '.join(TECHNIQUES)}.")
     return list(dict.fromkeys(techniques))
 
 
-def _why_not_applicable(tech: str, info: dict[str, Any], batch: int) -> str:
-    """Why ``tech`` does not apply to this model and batch ('' if it does)."""
+def _why_not_applicable(tech: str, info: dict[str, Any], batch: int, loop: Loop = Loop()) -> str:
+    """Why ``tech`` does not apply to this model, batch and loop ('' if it does)."""
     if tech == "inplace":
         if not info["activations"]:
             return ("no in-place-capable activation module (ReLU, LeakyReLU, ELU, SiLU, ...); functional "
                     "activations in forward (F.relu, F.gelu) cannot be switched from outside")
         if not info["activations_off"]:
             return f"every activation module is already in-place ({len(info['activations'])})"
+    if tech in _KEPT_FOR_BACKWARD and loop.mode == "inference":
+        return "inference keeps nothing for a backward: there is nothing to recompute or move to the host"
     if tech in ("checkpoint-blocks", "selective") and not info["blocks"]:
         return ("no block to checkpoint: the top-level children are single layers. Group them into "
                 "nn.Sequential blocks (or checkpoint inside your forward)")
     if tech.startswith(("ddp-", "fsdp-")):
         n = _gpus(tech)
+        if loop.mode != "train":
+            return f"a training scheme: mode {loop.mode!r} has no gradients to reduce"
+        if loop.optimizer_in_backward:
+            return "the optimizer in backward is not modelled under DDP / FSDP"
         if batch % n:
             return f"batch {batch} does not divide into {n} equal per-GPU batches"
         if tech.startswith("fsdp-") and not any(p for _, p in info["blocks"]):
@@ -621,22 +589,26 @@ def _parallel_row(f: _Fitter, tech: str, info: dict[str, Any], batch: int, row: 
         def peak(bb: int) -> int:
             return f.predict("baseline", bb).peak + buckets
 
-        lb, ok = f.largest(peak, fx + buckets, ps, False, (local, p.peak + buckets))
-        row(tech, p.peak + buckets, b, (lb * n, ok), seconds,
-            f"{local}/GPU on {n} GPUs; + {buckets / 2**20:,.1f} MiB DDP buckets")
+        lb, ok = f.largest(peak, fx + buckets, ps, (local, p.peak + buckets), 1)
+        row(tech, p, p.peak + buckets, b, (lb * n, ok), seconds,
+            f"{local}/GPU on {n} GPUs; + {buckets / 2**20:,.1f} MiB DDP buckets; communication not counted")
         return
 
+    loop = f.spec.loop
     with FakeTensorMode():
         net = build_model(f.build)
         units = [m for _, m in blocks(net) if any(True for _ in m.parameters())]
-        mem = fsdp_rank_memory(net, units, n, bytes_per_value=4)
+        mem = fsdp_rank_memory(net, units, n, bytes_per_value=4, optimizer_states=loop.state_per_parameter())
         n_units = len(units)
         del net, units
     resting = int(mem["resting"]) + b["Buffer"]
-    state = int(mem["working"]) + b["Buffer"]  # optimizer shard + params and grads at the worst moment
+    kept = loop.keep_grads or loop.accumulate > 1  # every gradient shard present through the step
+    working = mem["working, shards kept"] if kept else mem["working"]
+    state = int(working) + b["Buffer"]  # optimizer shard + params and grads at the worst moment
     work = {"Parameter": int(mem["rest params"] + mem["gathered params"] + mem["prefetched params"]),
             "Buffer": b["Buffer"],
-            "Gradient": int(mem["unsharded grads"] + mem["reduced grads"] + mem["reduce-scatter input"]),
+            "Gradient": int((mem["rest grads"] if kept else mem["reduced grads"]) + mem["unsharded grads"]
+                            + mem["reduce-scatter input"]),
             "Optstate": int(mem["rest optimizer"])}
     rest_of = {k: b[k] for k in ("Activation", "Temp", "Other")}
 
@@ -644,54 +616,94 @@ def _parallel_row(f: _Fitter, tech: str, info: dict[str, Any], batch: int, row: 
         q = f.predict("baseline", bb).breakdown
         return state + q["Activation"] + q["Temp"] + q["Other"]
 
-    lb, ok = f.largest(peak, state, ps, False, (local, state + sum(rest_of.values())))
-    row(tech, state + sum(rest_of.values()), {**work, **rest_of}, (lb * n, ok), seconds,
+    lb, ok = f.largest(peak, state, ps, (local, state + sum(rest_of.values())), 1)
+    row(tech, p, state + sum(rest_of.values()), {**work, **rest_of}, (lb * n, ok), seconds,
         f"{local}/GPU on {n} GPUs, {n_units} units; resting {resting / 2**20:,.0f} MiB/GPU, working state "
-        f"{state / 2**20:,.0f} MiB + activations of batch {local} (upper bound)")
+        f"{state / 2**20:,.0f} MiB + activations of batch {local} (an upper bound); communication not counted")
 
 
-def largest_batch(build: Callable[[], nn.Module] | str, input_shape: Sequence[int] | str, card_gib: float = 8.0, *,
-                  loss: str | Callable = "cross_entropy", target_shape: Sequence[int] | None = None,
-                  n_classes: int | None = None) -> int:
-    """The largest batch whose plain step (fp32, Adam, steady state) fits a ``card_gib`` card:
-    predicted peak(b) <= ``budget.usable_bytes(card_gib)`` and peak(b + 1) is not. The batch of
-    ``input_shape`` is where the affine model starts; predictions at the guess (and b + 1) verify it."""
-    rep = fit(build, input_shape, card_gib=card_gib, loss=loss, target_shape=target_shape,
-              n_classes=n_classes, techniques=[])
-    return rep.rows[0].largest_batch
+def largest_batch(build: Callable[[], nn.Module] | str, input_shape: Sequence[int] | str, card_gib: float = 8.0,
+                  **options: Any) -> int:
+    """The largest batch whose plain step fits a ``card_gib`` card: predicted peak(b) <= the
+    card's usable bytes and peak(b + 1) is not (``fit``'s first row; ``options`` as ``fit``'s:
+    the loss, the target, the loop)."""
+    return fit(build, input_shape, card_gib=card_gib, techniques=[], **options).rows[0].largest_batch
 
 
 # --------------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------------
+#: the command line's exit codes: a script can branch on "does it fit?"
+EXIT_FITS, EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT = 0, 2, 3
+
+
+def _flag(value: str) -> bool:
+    if value.lower() in ("true", "1", "yes", "on"):
+        return True
+    if value.lower() in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{value!r}: write true or false")
+
+
+def _output(value: str) -> int | str:
+    return int(value) if value.lstrip("-").isdigit() else value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m course_utils.fit",
+        description="Predict the GPU memory of your network's step, and what each technique of the course "
+                    "changes (on fake tensors: no GPU needed). Exit code: 0 if the plain step fits --card, "
+                    "3 if it does not, 2 for bad input.")
+    p.add_argument("builder", help="MODULE:BUILDER, a function returning the nn.Module "
+                                   "(e.g. course_utils.fit_examples:resnet18_2d)")
+    p.add_argument("--input", required=True, help="input shape, batch first: e.g. 8,1,512,512")
+    p.add_argument("--card", type=float, default=8.0, help="card memory in GiB (default 8)")
+    p.add_argument("--loss", default="cross_entropy", help=f"one of {', '.join(LOSSES)}, or MODULE:FUNCTION "
+                                                          "taking (output, target)")
+    p.add_argument("--classes", type=int, default=None, help="number of classes (checked against the output)")
+    p.add_argument("--target-shape", default=None, help="target shape, batch first (default: from the output)")
+    p.add_argument("--output", type=_output, default=None,
+                   help="the part of a tuple / dict output the loss takes: an index or a key (e.g. 0, logits)")
+    p.add_argument("--techniques", default=None, help=f"comma-separated subset of {', '.join(TECHNIQUES)}")
+    p.add_argument("--time-card", default=None, help="the card time and cuBLAS's workspace assume (cost.CARDS)")
+    loop = p.add_argument_group("the loop (what a step runs)")
+    loop.add_argument("--optimizer", default=None, help="adam (default) | adamw | sgd | none")
+    loop.add_argument("--momentum", type=float, default=None, help="SGD's momentum (default 0.9; 0: no buffer)")
+    loop.add_argument("--foreach", type=_flag, default=None, help="true | false: the optimizer's "
+                                                                  "multi-tensor step (default: CUDA's, true)")
+    loop.add_argument("--fused", action="store_true", help="the optimizer's fused kernel")
+    loop.add_argument("--keep-grads", action="store_true", help="zero_grad(set_to_none=False)")
+    loop.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step (the input's "
+                                                               "batch is the micro-batch)")
+    loop.add_argument("--optimizer-in-backward", action="store_true",
+                      help="one optimizer per parameter, stepped in its post-accumulate-grad hook")
+    loop.add_argument("--mode", default="train", help="train (default) | forward | inference")
+    p.add_argument("--json", action="store_true", help="print every figure as JSON instead of the summary")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m course_utils.fit MODULE:BUILDER --input 8,1,512,512 --card 8``: prints the
-    summary, returns 0; a one-line error that names the fix and 2 for bad input."""
-    parser = argparse.ArgumentParser(
-        prog="python -m course_utils.fit",
-        description="Predict the GPU memory of your network's training step, and what each technique of the "
-                    "course changes (on fake tensors: no GPU needed).")
-    parser.add_argument("builder", help="MODULE:BUILDER, a function returning the nn.Module "
-                                        "(e.g. course_utils.fit_examples:resnet18_2d)")
-    parser.add_argument("--input", required=True, help="input shape, batch first: e.g. 8,1,512,512")
-    parser.add_argument("--card", type=float, default=8.0, help="card memory in GiB (default 8)")
-    parser.add_argument("--loss", default="cross_entropy", help=f"one of {', '.join(LOSSES)}")
-    parser.add_argument("--classes", type=int, default=None, help="number of classes (checked against the output)")
-    parser.add_argument("--target-shape", default=None, help="target shape, batch first (default: from the output)")
-    parser.add_argument("--techniques", default=None, help=f"comma-separated subset of {', '.join(TECHNIQUES)}")
-    parser.add_argument("--time-card", default=None, help="the card time is estimated for (cost.CARDS)")
+    summary (``--json``: the report as data) and returns ``EXIT_FITS`` or ``EXIT_DOES_NOT_FIT``;
+    a one-line error that names the fix and ``EXIT_BAD_INPUT`` for bad input."""
     try:
-        args = parser.parse_args(argv)
+        args = _parser().parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
     try:
         rep = fit(args.builder, args.input, card_gib=args.card, loss=args.loss, n_classes=args.classes,
-                  target_shape=args.target_shape, techniques=args.techniques, time_card=args.time_card)
+                  target_shape=args.target_shape, techniques=args.techniques, time_card=args.time_card,
+                  optimizer=args.optimizer, momentum=args.momentum, foreach=args.foreach, fused=args.fused,
+                  keep_grads=args.keep_grads, accumulate=args.accumulate,
+                  optimizer_in_backward=args.optimizer_in_backward, mode=args.mode, output=args.output,
+                  progress=not args.no_progress and not args.json)
     except ValueError as e:  # a FitError, or e.g. an unknown --time-card (cost.card names the choices)
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(rep.summary())
-    return 0
+        return EXIT_BAD_INPUT
+    print(json.dumps(rep.to_dict(), indent=1) if args.json else rep.summary())
+    return EXIT_FITS if rep.fits else EXIT_DOES_NOT_FIT
 
 
 if __name__ == "__main__":

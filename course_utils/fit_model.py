@@ -1,7 +1,8 @@
 """The learner's network as ``fit`` sees it: named, checked, built on fake tensors, changed by a technique.
 
-* ``resolve_builder`` / ``parse_shape`` -- the CLI's and ``fit``'s inputs checked (``MODULE:BUILDER``,
-  ``8,1,512,512``); ``FitError`` names the fix for anything ``fit`` cannot predict.
+* ``resolve_builder`` / ``resolve_function`` / ``parse_shape`` -- the CLI's and ``fit``'s inputs
+  checked (``MODULE:BUILDER``, ``MODULE:LOSS``, ``8,1,512,512``); ``FitError`` names the fix for
+  anything ``fit`` cannot predict.
 * ``build_model`` -- ``build()`` inside the active ``FakeTensorMode``, checked (an ``nn.Module``, its
   tensors of the active mode); ``explain_failure`` says why a model cannot run on fake tensors
   (it reads tensor values, or needs a real CUDA device) and what to do.
@@ -39,11 +40,17 @@ def resolve_builder(spec: str | Callable[[], nn.Module]) -> Callable[[], nn.Modu
     if isinstance(spec, nn.Module):
         raise FitError("fit takes a function that builds the model, not a model (it builds it on fake "
                        f"tensors). Fix: pass e.g. `lambda: {type(spec).__name__}(...)`.")
+    return resolve_function(spec, "BUILDER", "course_utils.fit_examples:resnet18_2d", "returns an nn.Module")
+
+
+def resolve_function(spec: str | Callable, kind: str, example: str, does: str) -> Callable:
+    """``"package.module:function"`` (or a callable) -> the callable; ``kind`` / ``example`` /
+    ``does`` word the errors (e.g. "LOSS", "mypkg.losses:dice", "takes (output, target)")."""
     if callable(spec):
         return spec
     if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
-        raise FitError(f"expected MODULE:BUILDER (e.g. course_utils.fit_examples:resnet18_2d), got {spec!r}. "
-                       "Fix: name an importable module and a function in it that returns an nn.Module.")
+        raise FitError(f"expected MODULE:{kind} (e.g. {example}), got {spec!r}. "
+                       f"Fix: name an importable module and a function in it that {does}.")
     mod_name, attr = spec.split(":")
     try:
         module = importlib.import_module(mod_name)
@@ -53,11 +60,11 @@ def resolve_builder(spec: str | Callable[[], nn.Module]) -> Callable[[], nn.Modu
     try:
         obj = functools.reduce(getattr, attr.split("."), module)
     except AttributeError:
-        raise FitError(f"{mod_name!r} has no {attr!r}. Fix: name a function defined in {mod_name} that returns "
-                       "an nn.Module (MODULE:BUILDER).") from None
+        raise FitError(f"{mod_name!r} has no {attr!r}. Fix: name a function defined in {mod_name} that {does} "
+                       f"(MODULE:{kind}).") from None
     if not callable(obj):
         raise FitError(f"{spec} is a {type(obj).__name__}, not callable. Fix: name a function (or class) that "
-                       "returns an nn.Module.")
+                       f"{does}.")
     return obj
 
 

@@ -47,27 +47,45 @@ def training_step(
     autocast_dtype: torch.dtype | None = None,
     scaler: "torch.amp.GradScaler | None" = None,
     after_backward: Callable[[torch.Tensor], None] | None = None,
+    set_to_none: bool = True,
+    accumulate: int = 1,
+    output: Callable[[object], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """One training step, in the order of PyTorch's AMP recipe:
 
-    1. ``optimizer.zero_grad(set_to_none=True)``: last step's gradients are freed;
+    1. ``optimizer.zero_grad(set_to_none=set_to_none)``: last step's gradients are freed
+       (``set_to_none=False``: zeroed, and kept allocated);
     2. forward and loss, under ``torch.autocast(x.device.type, autocast_dtype)`` if given;
     3. backward (of ``scaler.scale(loss)`` if a ``GradScaler`` is given);
     4. ``optimizer.step()`` (through the scaler, which then updates its scale).
 
+    ``accumulate=K`` runs steps 2-3 K times (on the same batch: memory and work are those of K
+    micro-batches), each loss divided by K, before one optimizer step; as in a written loop, the
+    previous micro-batch's output stays bound until the next forward returns. ``output`` picks
+    what the loss takes from the model's output (a tuple's element, a dict's key). An optimizer
+    with ``in_backward`` (``loops.OptimizerInBackward``) steps inside backward: neither
+    ``zero_grad`` nor ``step`` is called here.
+
     The logits stay alive until the step returns (``after_backward(logits)`` may read them, e.g.
     for a Dice score), as in any loop that names them. Returns the loss, detached.
     """
-    if optimizer is not None:
-        optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(x.device.type, dtype=autocast_dtype or torch.float16,
-                        enabled=autocast_dtype is not None):
-        logits = model(x)
-        loss = loss_fn(logits, target)
-    (scaler.scale(loss) if scaler is not None else loss).backward()
+    if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+        raise ValueError(f"accumulate={accumulate!r}: a whole number of micro-batches, >= 1")
+    in_backward = getattr(optimizer, "in_backward", False)
+    if optimizer is not None and not in_backward:
+        optimizer.zero_grad(set_to_none=set_to_none)
+    for _ in range(accumulate):
+        with torch.autocast(x.device.type, dtype=autocast_dtype or torch.float16,
+                            enabled=autocast_dtype is not None):
+            out = model(x)  # bound, like a written loop's: every part of the output lives on
+            logits = output(out) if output is not None else out
+            loss = loss_fn(logits, target)
+            if accumulate > 1:
+                loss = loss / accumulate
+        (scaler.scale(loss) if scaler is not None else loss).backward()
     if after_backward is not None:
         after_backward(logits)
-    if optimizer is not None:
+    if optimizer is not None and not in_backward:
         if scaler is not None:
             scaler.step(optimizer)
             scaler.update()

@@ -6,6 +6,7 @@ training step under the log).
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -14,6 +15,7 @@ from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.tensor import DTensor
 
+from ..loops import Loop, optimizers_of
 from ..train import training_step
 from .meters import SavedTensorMeter
 from .units import mib
@@ -196,6 +198,10 @@ class MemoryLog(MemTracker):
 
     # -- MemTracker's module hooks, extended with a row each ---------------------------------
     def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
+        if id(module) == self._root and module in self.memory_tracking and not self._mod_tracker.is_bw:
+            # the root's second forward: a new micro-batch (gradient accumulation). MemTracker keeps
+            # per-module stats for one iteration only; the global peak and the rows go on
+            self.reset_mod_stats()
         super()._pre_fw_hook(module, inputs)
         if not self._mod_tracker.is_bw:  # not a recomputation under checkpointing
             if self._root is None:
@@ -372,15 +378,23 @@ def log_step(
     autocast_dtype: torch.dtype | None = None,
     module_peaks: bool = True,
     round_like_cuda: bool = False,
+    loop: Loop | None = None,
 ) -> MemoryLog:
     """Run one ``training_step`` (zero_grad, forward + loss, backward, optimizer step) under a
     ``MemoryLog`` and return the log. Whatever exists before the step (parameters, gradients,
-    optimizer state from earlier steps, the batch) is tracked as resident."""
+    optimizer state from earlier steps, the batch) is tracked as resident. ``loop``: that loop's
+    step instead (``loops.Loop.run``, at most two micro-batches)."""
     _check_model_and_input(model, x)
     log = MemoryLog(model, cuda=x.device.type == "cuda", module_peaks=module_peaks,
                     round_like_cuda=round_like_cuda)
-    extra = [optimizer] if optimizer is not None else []
-    log.track_external(model, x, target, *extra)
-    with log:
-        training_step(model, x, target, optimizer, loss_fn=loss_fn, autocast_dtype=autocast_dtype)
+    log.track_external(*(t for t in (model, x, target) if t is not None), *optimizers_of(optimizer))
+    with log, warnings.catch_warnings():
+        if getattr(optimizer, "in_backward", False):
+            # the optimizer's hook (registered first) has freed the gradient when MemTracker's own
+            # post-accumulate-grad hook looks at it: that hook's warning about a None is expected
+            warnings.filterwarnings("ignore", "Expected a tensor or a traceable wrapper-subclass", UserWarning)
+        if loop is None:
+            training_step(model, x, target, optimizer, loss_fn=loss_fn, autocast_dtype=autocast_dtype)
+        else:
+            loop.run(model, x, target, optimizer, loss_fn=loss_fn, autocast_dtype=autocast_dtype, micro_batches=2)
     return log

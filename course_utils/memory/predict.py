@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..amp_rules import autocast_rules
+from ..loops import Loop, prime_optimizer
 from ..train import training_step
 from .cuda import CudaPeak, cuda_peak, require_cuda
 from .meters import SavedTensorMeter
@@ -108,18 +109,6 @@ def target_spec(input_shape: tuple[int, ...], target_shape: Sequence[int] | None
     return classify, target_shape, loss_fn
 
 
-def prime_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Put ``optimizer`` in the state it has after a first step (Adam's two moments, SGD's
-    momentum buffers...) without a forward pass: one ``step()`` on zero gradients, then the
-    gradients are dropped, as ``zero_grad(set_to_none=True)`` does at the next step."""
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.requires_grad:
-                p.grad = torch.zeros_like(p)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-
-
 def predict_step(
     build_model: Callable[[], nn.Module],
     input_shape: Sequence[int],
@@ -134,6 +123,7 @@ def predict_step(
     module_peaks: bool = True,
     steady_state: bool = True,
     target: str | None = None,
+    loop: Loop | None = None,
 ) -> Prediction:
     """Predict the memory of one training step (``train.training_step``) without running it.
 
@@ -152,6 +142,10 @@ def predict_step(
       ``fake=False``): what this CPU does.
     * ``module_peaks=False`` skips MemTracker's per-module peak bookkeeping (about half its
       cost); the global peak and breakdown are unchanged.
+    * ``loop``: a ``loops.Loop`` (its optimizer, kept gradients, accumulation, optimizer in
+      backward, forward-only modes, the output the loss takes) instead of ``optimizer``, which
+      must then be left at its default. With ``accumulate=K`` two micro-batches run: the third
+      and later ones hold what the second holds.
 
     With ``fake=False`` the same step runs on real CPU tensors: with ``target="cpu"`` the figures
     agree exactly with the fake ones (a test checks this), which is what makes the prediction
@@ -169,6 +163,9 @@ def predict_step(
     if target == "cuda" and not fake:
         raise ValueError("real CPU tensors follow the CPU's rules: use target='cpu' with fake=False, "
                          "or measure_step() on a GPU")
+    if loop is not None and optimizer != "adam":
+        raise ValueError("predict_step takes the optimizer from loop= when a loop is given. Fix: leave optimizer "
+                         f"out, or name it in the loop (Loop(optimizer={optimizer!r}))")
     classify, target_shape, loss_fn = target_spec(input_shape, target_shape, n_classes, loss_fn)
 
     # the same starting state every time: Python's garbage collector frees cyclic garbage (some
@@ -190,15 +187,22 @@ def predict_step(
         model = build_model()
         _check_model_and_input(model, torch.empty(0))
         x = torch.randn(input_shape)
-        if classify:
+        if loop is not None and loop.mode == "inference":
+            y = None  # inference has no target
+        elif classify:
             y = torch.randint(0, n_classes or 2, target_shape)
         else:
             y = torch.randn(target_shape)
-        opt = make_optimizer(optimizer, model, foreach=target == "cuda")
-        if steady_state and opt is not None:
-            prime_optimizer(model, opt)
+        if loop is None:
+            opt = make_optimizer(optimizer, model, foreach=target == "cuda")
+            if steady_state and opt is not None:
+                prime_optimizer(model, opt)
+        else:
+            opt = loop.make_optimizer(model, default_foreach=target == "cuda")
+            if steady_state:
+                loop.prime(model, opt)
         log = log_step(model, x, y, loss_fn, opt, autocast_dtype, module_peaks,
-                       round_like_cuda=target == "cuda")
+                       round_like_cuda=target == "cuda", loop=loop)
         n_params = sum(p.numel() for p in model.parameters())
     return Prediction(
         peak=log.peak, breakdown=log.breakdown("peak"), saved_peak=log.saved.peak,
