@@ -5,6 +5,9 @@ returns an ``nn.Module`` made from ``torch.nn`` only (torchvision is not a depen
   torchvision's (``conv1``, ``bn1``, ``relu``, ``maxpool``, ``layer1`` .. ``layer4``, ``avgpool``,
   ``fc``), except that its ReLUs are not in-place (so that ``fit``'s ``inplace`` technique has
   something to switch);
+* ``resnet50`` -- torchvision's ResNet-50 (``Bottleneck``, [3, 4, 6, 3], v1.5: the stride on the
+  3x3 conv), the same layout with torchvision's in-place ReLUs: 25,557,032 parameters at 1000
+  classes;
 * ``vit_tiny`` -- a small Vision Transformer (Dosovitskiy et al. 2021) on ``nn.TransformerEncoder``:
   a patch-embedding convolution, a class token, a learned positional embedding, pre-norm encoder
   layers, a final LayerNorm and a linear head;
@@ -23,6 +26,8 @@ from torch import nn
 class BasicBlock(nn.Module):
     """ResNet's basic block: two 3x3 conv-BN, the input added back (through a 1x1 conv-BN where
     the stride or the width changes), ReLU after the sum."""
+
+    expansion = 1  # output channels per ``c_out``
 
     def __init__(self, c_in: int, c_out: int, stride: int = 1):
         super().__init__()
@@ -43,23 +48,57 @@ class BasicBlock(nn.Module):
         return self.relu2(out + identity)
 
 
+class Bottleneck(nn.Module):
+    """torchvision's ``Bottleneck`` (ResNet v1.5): 1x1 conv-BN-ReLU down to ``width``, 3x3
+    conv-BN-ReLU (the stride here), 1x1 conv-BN up to ``width x 4``, the input added back in place
+    (through a 1x1 conv-BN where the stride or the width changes, run after the main path),
+    ReLU after the sum; one in-place ReLU module, called three times, as torchvision's."""
+
+    expansion = 4  # output channels per ``width``
+
+    def __init__(self, c_in: int, width: int, stride: int = 1):
+        super().__init__()
+        c_out = width * self.expansion
+        self.conv1 = nn.Conv2d(c_in, width, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3 = nn.Conv2d(width, c_out, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(c_out)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = None
+        if stride != 1 or c_in != c_out:
+            self.downsample = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        out += x if self.downsample is None else self.downsample(x)  # after the main path, as torchvision's
+        return self.relu(out)
+
+
 class ResNet(nn.Module):
-    """A 2D ResNet laid out as torchvision's: conv1-bn1-relu-maxpool, four stages of ``BasicBlock``
-    (``layers`` blocks each, ``widths`` channels), average pooling and a linear head."""
+    """A 2D ResNet laid out as torchvision's: conv1-bn1-relu-maxpool, four stages of ``block``
+    (``BasicBlock`` or ``Bottleneck``; ``layers`` blocks each, ``widths`` x ``block.expansion``
+    channels out, the first block of stages 2-4 with stride 2), average pooling and a linear head.
+    ``inplace``: whether the stem's ReLU is in-place (torchvision's is)."""
 
     def __init__(self, layers: tuple[int, ...] = (2, 2, 2, 2), num_classes: int = 10, in_channels: int = 3,
-                 widths: tuple[int, ...] = (64, 128, 256, 512)):
+                 widths: tuple[int, ...] = (64, 128, 256, 512), block: type[nn.Module] = BasicBlock,
+                 inplace: bool = False):
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, widths[0], 7, 2, 3, bias=False)
         self.bn1 = nn.BatchNorm2d(widths[0])
-        self.relu = nn.ReLU()
+        self.relu = nn.ReLU(inplace=inplace)
         self.maxpool = nn.MaxPool2d(3, 2, 1)
         c = widths[0]
         stages = []
         for i, (n, w) in enumerate(zip(layers, widths, strict=True)):
-            blocks = [BasicBlock(c, w, 1 if i == 0 else 2)] + [BasicBlock(w, w) for _ in range(n - 1)]
+            c_out = w * block.expansion
+            blocks = [block(c, w, 1 if i == 0 else 2)] + [block(c_out, w) for _ in range(n - 1)]
             stages.append(nn.Sequential(*blocks))
-            c = w
+            c = c_out
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(c, num_classes)
@@ -73,6 +112,12 @@ class ResNet(nn.Module):
 def resnet18_2d(num_classes: int = 10, in_channels: int = 3) -> ResNet:
     """ResNet-18: 11.2 M parameters at 10 classes and 3 input channels."""
     return ResNet((2, 2, 2, 2), num_classes, in_channels)
+
+
+def resnet50(num_classes: int = 1000, in_channels: int = 3) -> ResNet:
+    """ResNet-50 as torchvision's ``resnet50()``: ``Bottleneck`` blocks [3, 4, 6, 3], in-place
+    ReLUs; 25,557,032 parameters at 1000 classes and 3 input channels."""
+    return ResNet((3, 4, 6, 3), num_classes, in_channels, block=Bottleneck, inplace=True)
 
 
 class ViT(nn.Module):
