@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from course_utils import fit, fit_model
-from course_utils.fit_examples import conv1d_net, resnet18_2d, vit_tiny
+from course_utils.fit_examples import conv1d_net, resnet18_2d, resnet50, vit_tiny
 from course_utils.memory import predict_step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,6 +57,7 @@ def test_parameter_counts_match_formulas():
         assert sum(p.numel() for p in conv1d_net().parameters()) == conv1d_params() == 76_501
         assert sum(p.numel() for p in resnet18_2d().parameters()) == resnet18_params() == 11_181_642
         assert sum(p.numel() for p in vit_tiny().parameters()) == vit_params() == 2_721_226
+        assert sum(p.numel() for p in resnet50().parameters()) == 25_557_032  # torchvision's resnet50
     # and what fit reports (the model built on fake tensors: ViT's deep-copied layers re-faked)
     spec, info = fit._probe(vit_tiny, (2, 3, 64, 64), "cross_entropy", None, None)
     assert info["parameters"] == vit_params() and spec.output_shape == (2, 10)
@@ -272,3 +273,116 @@ def test_a_callable_loss_and_float_targets():
     rep = fit.fit(lambda: nn.Linear(8, 3), (4, 8), card_gib=1, loss=nn.functional.mse_loss, techniques=[])
     assert rep.spec.n_classes is None and rep.spec.target_sample == (3,)
     assert rep.rows[0].largest_batch > 4 and "loss mse_loss" in rep.summary()
+
+
+# -- the loop: the options a practitioner's training loop needs --------------------------------
+def _cuda_bytes(n_bytes: int) -> int:
+    return -(-n_bytes // 512) * 512  # the CUDA caching allocator's 512-byte blocks
+
+
+def test_sgd_keeps_one_buffer_per_parameter_and_none_keeps_nothing():
+    with torch.device("meta"):
+        params = list(conv1d_net().parameters())
+    momentum = sum(_cuda_bytes(p.numel() * 4) for p in params)
+    sgd = fit.fit(conv1d_net, (8, 1, 256), card_gib=1, techniques=[], optimizer="sgd", progress=False)
+    assert sgd.prediction.after_forward["Optstate"] == momentum
+    assert "SGD (momentum 0.9, foreach)" in sgd.summary()
+    none = fit.fit(conv1d_net, (8, 1, 256), card_gib=1, techniques=[], optimizer="none", progress=False)
+    assert none.prediction.after_forward["Optstate"] == 0 and none.rows[0].largest_batch > sgd.rows[0].largest_batch
+
+
+def test_forward_only_figure_is_the_training_steps_after_forward():
+    kw = dict(card_gib=1, techniques=[], progress=False)
+    train = fit.fit(conv1d_net, (8, 1, 256), **kw)
+    fwd = fit.fit(conv1d_net, (8, 1, 256), mode="forward", **kw)
+    inf = fit.fit(conv1d_net, (8, 1, 256), mode="inference", **kw)
+    assert fwd.allocated_after_forward == train.allocated_after_forward
+    assert inf.rows[0].peak < fwd.rows[0].peak < train.rows[0].peak
+    assert "allocated after the forward" in fwd.summary() and "saved for backward" not in inf.summary()
+
+
+class TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(8, 16)
+        self.main, self.aux = nn.Linear(16, 3), nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = self.body(x).relu()
+        return {"logits": self.main(h), "aux": self.aux(h)}
+
+
+def two_heads_loss(out, target):
+    return nn.functional.cross_entropy(out["logits"], target) + 0.4 * nn.functional.cross_entropy(out["aux"], target)
+
+
+def test_a_model_with_several_outputs():
+    rep = fit.fit(TwoHeads, (4, 8), card_gib=1, techniques=[], output="logits", progress=False)
+    assert rep.spec.output_shape == (4, 3) and rep.spec.n_classes == 3
+    with pytest.raises(fit.FitError, match="--output NAME or INDEX"):
+        fit.fit(TwoHeads, (4, 8), card_gib=1, techniques=[], progress=False)
+    with pytest.raises(fit.FitError, match="keys of the model's output|'logits', 'aux'"):
+        fit.fit(TwoHeads, (4, 8), card_gib=1, techniques=[], output="logit", progress=False)
+    # a loss of the user's on the whole output, named MODULE:FUNCTION as on the command line
+    whole = fit.fit(TwoHeads, (4, 8), card_gib=1, techniques=[], loss="tests.test_fit:two_heads_loss",
+                    target_shape=(4,), n_classes=3, progress=False)
+    assert whole.spec.loss_name == "tests.test_fit:two_heads_loss"
+
+
+@pytest.mark.parametrize("kwargs, fix", [
+    (dict(mode="inference", keep_grads=True), "--mode 'forward'"),
+    (dict(optimizer_in_backward=True, accumulate=4), "drop one of the two"),
+    (dict(optimizer="lion"), "adam, adamw, sgd, none"),
+    (dict(card_gib=float("nan")), "--card 8"),
+])
+def test_bad_loop_options_name_the_fix(kwargs, fix):
+    with pytest.raises(fit.FitError, match=fix.replace("(", r"\(")):
+        fit.fit(conv1d_net, (4, 1, 256), **{"card_gib": 1, "techniques": [], **kwargs})
+
+
+def test_cublas_workspaces_are_a_line_of_the_budget(monkeypatch):
+    """A step with a matrix product (the head's Linear) keeps two cuBLAS workspaces (forward and
+    autograd's backward thread), PyTorch's documented 2 x 4096 + 8 x 16 KiB each on a pre-Hopper
+    card; a step without one keeps none; CUBLAS_WORKSPACE_CONFIG overrides the default."""
+    from course_utils.budget import overheads
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    rep = fit.fit(conv1d_net, (4, 1, 256), card_gib=1, techniques=[], progress=False)
+    each = (2 * 4096 + 8 * 16) * 1024
+    assert rep.overheads.workspace_bytes == 2 * each and "cuBLAS workspaces 2 x 8.125 MiB" in rep.summary()
+    o = overheads()
+    assert rep.usable == int((2**30 - o.context_mib * 2**20 - 2 * each) / (1 + o.slack))
+    convs = fit.fit(lambda: nn.Sequential(nn.Conv1d(1, 5, 3)), (4, 1, 16), card_gib=1, techniques=[],
+                    loss="mse", progress=False)
+    assert convs.overheads.workspace_bytes == 0 and "cuBLAS" not in convs.summary()
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    assert fit.fit(conv1d_net, (4, 1, 256), card_gib=1, techniques=[], progress=False).overheads.workspace_bytes \
+        == 2 * 16 * 8 * 1024
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "4096:8")
+    with pytest.raises(ValueError, match="SIZE:COUNT"):
+        fit.fit(conv1d_net, (4, 1, 256), card_gib=1, techniques=[], progress=False)
+
+
+def test_the_largest_batch_takes_at_most_four_predictions():
+    rep = fit.fit(conv1d_net, (8, 1, 1024), card_gib=1, techniques=[], progress=False)
+    assert rep.predictions <= 4 and rep.rows[0].verified
+    b = rep.rows[0].largest_batch
+
+    def peak(n):
+        return predict_step(conv1d_net, (n, 1, 1024), (n,), n_classes=5, module_peaks=False).peak
+
+    assert peak(b) <= rep.usable < peak(b + 1)
+
+
+def test_cli_json_and_exit_codes(capsys):
+    import json
+
+    base = ["course_utils.fit_examples:conv1d_net", "--input", "4,1,256", "--techniques", "", "--no-progress"]
+    assert fit.main([*base, "--card", "1", "--json", "--optimizer", "sgd", "--keep-grads"]) == fit.EXIT_FITS
+    data = json.loads(capsys.readouterr().out)
+    assert data["fits"] and data["loop"]["optimizer"] == "sgd" and data["loop"]["keep_grads"]
+    assert data["rows"][0]["largest_batch_verified"] and data["budget"]["workspace_bytes"] > 0
+    assert data["peak_bytes"] == data["rows"][0]["peak_bytes"] > data["allocated_after_forward_bytes"] > 0
+    # a card smaller than the CUDA context holds nothing: exit 3, which a script can branch on
+    assert fit.main([*base, "--card", "0.25"]) == fit.EXIT_DOES_NOT_FIT
+    assert fit.main([*base, "--card", "1", "--mode", "inference", "--keep-grads"]) == fit.EXIT_BAD_INPUT
