@@ -120,8 +120,6 @@ def test_technique_directions(conv_rep):
 
 
 def test_largest_batch_is_the_boundary(conv_rep):
-    from course_utils.budget import usable_bytes
-
     b = conv_rep.rows[0].largest_batch
     usable = conv_rep.usable  # the card less the context, the slack and the cuBLAS workspaces
 
