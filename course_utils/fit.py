@@ -65,12 +65,15 @@ Limits
 ------
 A fake-tensor step cannot see the CUDA context, cuDNN workspaces or fragmentation (the
 ``Overheads``), nor NCCL's buffers; it follows CUDA's autocast op lists, but the attention kernel
-it picks is the CPU's. In ``mode="forward"`` the rows are a train-mode forward and its loss (``checkpoint-blocks``,
+it picks is the CPU's. Adam's and AdamW's step counts (one scalar per parameter) are counted in
+device memory, where foreach keeps them on the host: 512 bytes per parameter tensor too many.
+In ``mode="forward"`` the rows are a train-mode forward and its loss (``checkpoint-blocks``,
 ``selective`` and ``offload`` change what it keeps); in ``mode="inference"`` the techniques that
-change what is kept for backward, and the parallel ones, do not apply. Models whose forward reads tensor values (``.item()``, ``.tolist()``,
-``.numpy()``, a Python ``if`` on a tensor, ``nonzero``) or needs a real CUDA device cannot run on
-fake tensors: ``fit`` refuses them (``FitError``) and names what to do. Combinations of
-techniques are not predicted; each row is one technique on the plain fp32 step.
+change what is kept for backward, and the parallel ones, do not apply. Models whose forward
+reads tensor values (``.item()``, ``.tolist()``, ``.numpy()``, a Python ``if`` on a tensor,
+``nonzero``) or needs a real CUDA device cannot run on fake tensors: ``fit`` refuses them
+(``FitError``) and names what to do. Combinations of techniques are not predicted; each row is
+one technique on the plain fp32 step.
 """
 
 from __future__ import annotations
