@@ -52,13 +52,15 @@ class LoopError(ValueError):
 
 def select_output(out: Any, output: int | str | None) -> Any:
     """The part of a model's output the loss takes: ``out`` itself (``output`` None), an element
-    of a tuple or list (an int), a key of a dict or an attribute (a str: e.g. a Hugging Face
-    ``ModelOutput``'s ``"logits"``)."""
+    of a tuple or list, or a dict's value in order (an int), a key of a dict or an attribute (a
+    str: e.g. a Hugging Face ``ModelOutput``'s ``"logits"``)."""
     if output is None:
         return out
     if isinstance(output, bool) or not isinstance(output, (int, str)):
         raise LoopError(f"output={output!r}: give an index (int) or a key / attribute name (str)")
     if isinstance(output, int):
+        if isinstance(out, Mapping):  # a ModelOutput indexes its values in order, as its to_tuple()
+            out = tuple(out.values())
         if not isinstance(out, (tuple, list)):
             raise LoopError(f"output={output} picks an element of a tuple, but the model returns a "
                             f"{type(out).__name__}. Fix: leave output out, or name a key (output='logits').")

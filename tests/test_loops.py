@@ -116,7 +116,7 @@ def test_bad_combinations_name_the_fix(kwargs, fix):
 def test_select_output():
     t = torch.zeros(1)
     assert select_output((t, 1), 0) is t and select_output({"logits": t}, "logits") is t
-    assert select_output(t, None) is t
+    assert select_output(t, None) is t and select_output({"loss": 0, "logits": t}, 1) is t
     with pytest.raises(LoopError, match="an index from 0 to 1"):
         select_output((t, t), 2)
     with pytest.raises(LoopError, match="'logits'"):
