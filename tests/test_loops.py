@@ -50,6 +50,21 @@ def test_optimizer_state_per_optimizer_by_hand(adam):
     assert Loop(optimizer="sgd", momentum=0).state_per_parameter() == 0 and Loop().state_per_parameter() == 2
 
 
+def test_foreach_keeps_one_list_of_temporaries_where_the_for_loop_keeps_two_of_the_largest(adam):
+    """Adam's step, the peak of this small-batch MLP: the multi-tensor (foreach) step holds one
+    temporary per parameter at once (sqrt of the second moment, for every tensor: P); the
+    for-loop step two of one parameter at a time (its sqrt, then the division: 2 x the largest)
+    while its local ``denom`` still holds the previous parameter's (the first layer's bias, D_H
+    floats, until the name is rebound); fused none."""
+    n_params = len(list(mlp().parameters()))
+    foreach = predict(Loop(foreach=True))
+    loop = predict(Loop(foreach=False))
+    assert foreach.log.peak_location[1] == loop.log.peak_location[1] == "optimizer/other"
+    assert foreach.breakdown["Optstate"] == 2 * P + 4 * n_params + P
+    assert loop.breakdown["Optstate"] == 2 * P + 4 * n_params + 2 * LARGEST + D_H * 4
+    assert adam.log.peak_location[1] != "optimizer/other" and adam.peak < foreach.peak
+
+
 def test_kept_gradients_are_alive_through_the_forward(adam):
     keep = predict(Loop(fused=True, keep_grads=True))
     assert after_forward(keep) - after_forward(adam) == P
@@ -85,8 +100,9 @@ def test_forward_and_inference_modes_by_hand(adam):
 
 
 @pytest.mark.parametrize("loop", [Loop(optimizer="sgd"), Loop(keep_grads=True, accumulate=2),
-                                  Loop(optimizer_in_backward=True), Loop(mode="inference")],
-                         ids=["sgd", "keep+accumulate", "in-backward", "inference"])
+                                  Loop(optimizer_in_backward=True), Loop(mode="inference"),
+                                  Loop(optimizer="adamw", foreach=True), Loop(fused=True, keep_grads=True)],
+                         ids=["sgd", "keep+accumulate", "in-backward", "inference", "adamw-foreach", "fused+keep"])
 def test_fake_prediction_equals_real_cpu_tensors(loop):
     real, fake = predict(loop), predict(loop, fake=True)
     assert fake.peak == real.peak and fake.breakdown == real.breakdown
