@@ -95,17 +95,18 @@ def seed000_overheads(slack: float | None = None) -> Overheads:
 
 
 #: PyTorch's documented default ``CUBLAS_WORKSPACE_CONFIG`` (docs, "CUDA environment variables":
-#: ":4096:2:16:8 ... a total size of 2 * 4096 + 8 * 16 KiB") and, since torch 2.3, 32 MiB
-#: (":4096:8") on compute capability 9.x, 10.x and 12.x (aten/src/ATen/cuda/CublasHandlePool.cpp,
-#: getChosenWorkspaceSize: "32MiB for Hopper and Blackwell")
+#: ":4096:2:16:8 ... a total size of 2 * 4096 + 8 * 16 KiB") and 32 MiB (":4096:8") on Hopper
+#: (compute capability 9.0, since torch 2.3) and, in later versions, on Blackwell (10.x, 12.x)
+#: (aten/src/ATen/cuda/CublasHandlePool.cpp, getChosenWorkspaceSize: "32MiB for Hopper and Blackwell")
 CUBLAS_DEFAULT_CONFIG = ":4096:2:16:8"
 CUBLAS_HOPPER_CONFIG = ":4096:8"
 
 
 def cublas_config_bytes(config: str) -> int:
-    """Bytes of a ``CUBLAS_WORKSPACE_CONFIG`` value: ``:SIZE:COUNT`` pairs in KiB, summed."""
+    """Bytes of a ``CUBLAS_WORKSPACE_CONFIG`` value: its ``:SIZE:COUNT`` pairs in KiB, summed (as
+    PyTorch reads it: every match of the pattern counts, whatever separates them)."""
     pairs = re.findall(r":(\d+):(\d+)", config or "")
-    if not pairs or "".join(f":{a}:{b}" for a, b in pairs) != config.strip():
+    if not pairs:
         raise ValueError(f"CUBLAS_WORKSPACE_CONFIG={config!r}: expected :SIZE:COUNT pairs in KiB, e.g. "
                          f"{CUBLAS_DEFAULT_CONFIG}. Fix: correct or unset it")
     return sum(int(a) * int(b) * 1024 for a, b in pairs)

@@ -234,21 +234,44 @@ def _probe(build: Callable[[], nn.Module], input_shape: tuple[int, ...], loss: s
                 out = model(x)
         except Exception as e:
             raise explain_failure(e, "the model's forward", input_shape) from e
+        _check_trainable(model, loop)
+        cublas = bool(ops.names & _CUBLAS_OPS)
+        if loop.mode == "inference":  # no loss, no target: the output is all there is
+            try:
+                sel = select_output(out, loop.output)
+            except LoopError as e:
+                raise FitError(str(e).replace("output=", "--output ")) from None
+            shape = tuple(sel.shape) if isinstance(sel, torch.Tensor) else ()
+            return StepSpec(input_shape[1:], (), None, "none (inference)", loss_fn, shape, loop, cublas), info
         sel = _loss_input(out, loop, custom)
         out_shape = tuple(sel.shape) if isinstance(sel, torch.Tensor) else ()
         tgt, n_classes = _target(loss_name, loss_fn, out_shape, target_shape, n_classes, custom)
         y = torch.randint(0, n_classes, tgt) if n_classes else torch.randn(tgt)
-        if loop.mode != "inference":
-            _check_loss(loss_name, loss_fn, sel, out_shape, y, tgt)
-    spec = StepSpec(input_shape[1:], tgt[1:], n_classes, loss_name, loss_fn, out_shape, loop,
-                    bool(ops.names & _CUBLAS_OPS))
-    return spec, info
+        _check_loss(loss_name, loss_fn, sel, out_shape, y, tgt)
+    return StepSpec(input_shape[1:], tgt[1:], n_classes, loss_name, loss_fn, out_shape, loop, cublas), info
+
+
+def _check_trainable(model: nn.Module, loop: Loop) -> None:
+    """A step that trains needs parameters that learn; an optimizer needs parameters at all."""
+    params = list(model.parameters())
+    if not params and loop.mode != "inference" and loop.optimizer_name != "none":
+        raise FitError(f"the model has no parameters, so the optimizer ({loop.optimizer_name}) has nothing to "
+                       "hold. Fix: check that the builder returns the model with its layers, or --optimizer none, "
+                       "or --mode inference.")
+    if loop.mode == "train" and not any(p.requires_grad for p in params):
+        raise FitError("no parameter of the model requires grad (none, or all frozen): a training step has nothing "
+                       "to learn and its backward fails. Fix: --mode forward or --mode inference, or unfreeze what "
+                       "you train (p.requires_grad_(True)).")
 
 
 def _target(loss_name: str, loss_fn: Callable, out_shape: tuple[int, ...], target_shape: tuple[int, ...] | None,
             n_classes: int | None, custom: bool) -> tuple[tuple[int, ...], int | None]:
     """The target's shape and class count (None: float targets) for the loss and the output."""
     classify = n_classes is not None or (loss_name == "cross_entropy" and loss_fn is F.cross_entropy)
+    if not out_shape and not custom:
+        raise FitError(f"the loss {loss_name} needs an output with the batch first, and the model returns a tensor "
+                       "of no dimensions (its loss already?). Fix: return one output per sample (batch, ...), or "
+                       "--loss MODULE:FUNCTION with --target-shape for a loss of your own on that output.")
     if custom and not out_shape:  # a loss on the whole (non-tensor) output: the target is the user's to say
         if target_shape is None:
             raise FitError("a loss that takes the model's whole output needs the target's shape. Fix: "
@@ -341,13 +364,14 @@ class _Fitter:
     """One report's predictions and counts, each made once (cached per technique and batch)."""
 
     def __init__(self, build: Callable[[], nn.Module], spec: StepSpec, card_gib: float, time_card: Any,
-                 bar: Any = None):
+                 bar: Any = None, capability: tuple[int, int] | None = None):
         self.build, self.spec, self.card_gib = build, spec, card_gib
         self.gpu = card(time_card)
         over = overheads()
         self.workspace = ""
         if spec.cublas:
-            ws, self.workspace = cublas_workspaces(self.gpu.compute_capability, 1 if spec.loop.mode != "train" else 2)
+            ws, self.workspace = cublas_workspaces(capability or self.gpu.compute_capability,
+                                                   1 if spec.loop.mode != "train" else 2)
             over = replace(over, workspace_bytes=ws)
         self.over = over
         self.usable = int(over.usable(card_gib * 2**30))
@@ -433,7 +457,7 @@ def _fixed_and_per_sample(prediction, batch: int) -> tuple[int, float]:
 def fit(build: Callable[[], nn.Module] | str, input_shape: Sequence[int] | str = (8, 1, 512, 512), *,
         card_gib: float = 8.0, loss: str | Callable = "cross_entropy", target_shape: Sequence[int] | None = None,
         n_classes: int | None = None, techniques: Sequence[str] | str | None = None,
-        time_card: Any = None, optimizer: str | None = None, momentum: float | None = None,
+        time_card: Any = None, compute_capability: tuple[int, int] | str | None = None, optimizer: str | None = None, momentum: float | None = None,
         foreach: bool | None = None, fused: bool = False, keep_grads: bool = False, accumulate: int = 1,
         optimizer_in_backward: bool = False, mode: str = "train", output: int | str | None = None,
         progress: bool = True) -> FitReport:
@@ -448,7 +472,9 @@ def fit(build: Callable[[], nn.Module] | str, input_shape: Sequence[int] | str =
     (``zero_grad(set_to_none=False)``), ``accumulate`` (micro-batches per optimizer step; the
     batch is the micro-batch), ``optimizer_in_backward``, ``mode`` "train" | "forward" |
     "inference", ``output`` (the element or key of a tuple / dict output the loss takes).
-    ``time_card``: the card the time estimates and cuBLAS's workspace size assume (``cost.card``).
+    ``time_card``: the card the time estimates assume (``cost.card``); ``compute_capability``
+    (e.g. ``(9, 0)`` or ``"9.0"`` for a Hopper card) the one cuBLAS's workspace size follows,
+    by default the time card's.
     See the module's docstring for the method and its limits."""
     name = build if isinstance(build, str) else getattr(build, "__name__", type(build).__name__)
     build = resolve_builder(build)
@@ -458,12 +484,13 @@ def fit(build: Callable[[], nn.Module] | str, input_shape: Sequence[int] | str =
     loop = make_loop(optimizer=optimizer, momentum=momentum, foreach=foreach, fused=fused, keep_grads=keep_grads,
                      accumulate=accumulate, optimizer_in_backward=optimizer_in_backward, mode=mode, output=output)
     techniques = _techniques(techniques)
+    capability = _capability(compute_capability)
     spec, info = _probe(build, input_shape, loss, target_shape, n_classes, loop)
     from tqdm.auto import tqdm  # lazy: tqdm picks its notebook or terminal form when a fit runs
 
     with tqdm(total=1 + len(techniques), desc=f"fit {name}", unit="row", disable=not progress,
               file=sys.stderr, leave=False) as bar:
-        f = _Fitter(build, spec, card_gib, time_card, bar)
+        f = _Fitter(build, spec, card_gib, time_card, bar, capability)
         rows, skipped = _rows(f, spec, info, input_shape[0], techniques, bar)
     g = f.gpu
     assumption = (f"time estimated for a {g.name}: counted FLOPs at {g.fp32_flops / 1e12:.1f} TFLOP/s fp32, "
@@ -513,7 +540,7 @@ def _rows(f: _Fitter, spec: StepSpec, info: dict[str, Any], batch: int, techniqu
             elif tech.startswith(("ddp-", "fsdp-")):
                 _parallel_row(f, tech, info, batch, row)
             else:
-                _one_gpu_row(f, tech, info, batch, base, row)
+                _one_gpu_row(f, tech, info, batch, base, row, (rows[0].largest_batch, rows[0].verified))
         except FitError:
             raise
         except Exception as e:  # a technique this model does not support (e.g. in-place breaks autograd)
@@ -523,10 +550,14 @@ def _rows(f: _Fitter, spec: StepSpec, info: dict[str, Any], batch: int, techniqu
     return rows, skipped
 
 
-def _one_gpu_row(f: _Fitter, tech: str, info: dict[str, Any], batch: int, base: Any, row: Callable) -> None:
+def _one_gpu_row(f: _Fitter, tech: str, info: dict[str, Any], batch: int, base: Any, row: Callable,
+                 base_largest: tuple[int, bool]) -> None:
     p = f.predict(tech, batch)
     fx, ps = _fixed_and_per_sample(p, batch)
-    lb = f.largest(lambda b, t=tech: f.predict(t, b).peak, fx, ps, (batch, p.peak), 1)
+    if p.breakdown == base.breakdown:  # the same step (e.g. in-place where nothing it overwrites was kept)
+        lb = base_largest
+    else:  # checked to fit: a lower bound within the line's error
+        lb = f.largest(lambda b, t=tech: f.predict(t, b).peak, fx, ps, (batch, p.peak), 1)
     moved = f.cost("offload", batch).packed_bytes if tech == "offload" else 0
     same = abs(p.peak - base.peak) <= 0.005 * base.peak
     note = {"offload": f"{moved / 2**20:,.0f} MiB to the host and back over PCIe per step",
@@ -536,6 +567,23 @@ def _one_gpu_row(f: _Fitter, tech: str, info: dict[str, Any], batch: int, base: 
             "selective": f"{len(info['blocks'])} blocks; conv/matmul outputs kept"}.get(tech, "")
     key = "baseline" if tech in ("inplace", "offload") else tech
     row(tech, p, p.peak, p.breakdown, lb, f.seconds(key, batch, moved), note)
+
+
+def _capability(cc: tuple[int, int] | str | None) -> tuple[int, int] | None:
+    """``(9, 0)``, ``"9.0"`` or None -> a (major, minor) pair; anything else a FitError."""
+    if cc is None:
+        return None
+    try:
+        major, minor = (int(v) for v in (cc.split(".") if isinstance(cc, str) else cc))
+        if isinstance(cc, (tuple, list)) and any(isinstance(v, bool) for v in cc):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise FitError(f"compute capability {cc!r}: MAJOR.MINOR, e.g. 9.0 for an H100 or H200, 8.0 for an A100, "
+                       "8.6 for an RTX 30xx. Fix: --compute-capability 9.0 (torch.cuda.get_device_capability() "
+                       "on the card).") from None
+    if not 3 <= major <= 20 or not 0 <= minor <= 9:
+        raise FitError(f"compute capability {major}.{minor} is no CUDA card's. Fix: e.g. --compute-capability 9.0.")
+    return major, minor
 
 
 def _techniques(techniques: Sequence[str] | str | None) -> list[str]:
@@ -669,7 +717,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output", type=_output, default=None,
                    help="the part of a tuple / dict output the loss takes: an index or a key (e.g. 0, logits)")
     p.add_argument("--techniques", default=None, help=f"comma-separated subset of {', '.join(TECHNIQUES)}")
-    p.add_argument("--time-card", default=None, help="the card time and cuBLAS's workspace assume (cost.CARDS)")
+    p.add_argument("--time-card", default=None, help="the card time is estimated for (cost.CARDS)")
+    p.add_argument("--compute-capability", default=None,
+                   help="the card's MAJOR.MINOR (e.g. 9.0 for an H100), for cuBLAS's workspace size "
+                        "(default: the time card's)")
     loop = p.add_argument_group("the loop (what a step runs)")
     loop.add_argument("--optimizer", default=None, help="adam (default) | adamw | sgd | none")
     loop.add_argument("--momentum", type=float, default=None, help="SGD's momentum (default 0.9; 0: no buffer)")
@@ -698,6 +749,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rep = fit(args.builder, args.input, card_gib=args.card, loss=args.loss, n_classes=args.classes,
                   target_shape=args.target_shape, techniques=args.techniques, time_card=args.time_card,
+                  compute_capability=args.compute_capability,
                   optimizer=args.optimizer, momentum=args.momentum, foreach=args.foreach, fused=args.fused,
                   keep_grads=args.keep_grads, accumulate=args.accumulate,
                   optimizer_in_backward=args.optimizer_in_backward, mode=args.mode, output=args.output,
@@ -705,7 +757,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:  # a FitError, or e.g. an unknown --time-card (cost.card names the choices)
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(json.dumps(rep.to_dict(), indent=1) if args.json else rep.summary())
+    print(json.dumps(rep.to_dict(), indent=1, allow_nan=False) if args.json else rep.summary())
     return EXIT_FITS if rep.fits else EXIT_DOES_NOT_FIT
 
 

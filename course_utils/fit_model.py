@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from .checkpointing import checkpointed, offload_saved, save_convolutions
+from .memory import adopt_fake_tensors
 
 _DATA_FIX = ("Fix: remove data-dependent branches from forward (no .item(), .tolist(), .numpy(), no Python "
              "`if` on a tensor's value, no nonzero/boolean-mask indexing: use torch.where and fixed shapes), "
@@ -106,29 +107,6 @@ def explain_failure(exc: BaseException, what: str, input_shape: tuple[int, ...])
 # --------------------------------------------------------------------------------------------
 # The model, built inside FakeTensorMode, and what the techniques change in it
 # --------------------------------------------------------------------------------------------
-def _refake(model: nn.Module) -> None:
-    """Parameters and buffers copied with ``copy.deepcopy`` inside ``FakeTensorMode`` (as
-    ``nn.TransformerEncoder`` copies its layer) belong to another fake mode, which the active one
-    refuses ("Mixing fake modes"): replace them by tensors of the active mode (values do not
-    matter; tied tensors stay tied)."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    mode = getattr(torch.empty(0), "fake_mode", None)
-    if mode is None:
-        return
-    new: dict[int, torch.Tensor] = {}
-    for m in model.modules():
-        for store in (m._parameters, m._buffers):
-            for name, t in list(store.items()):
-                if isinstance(t, FakeTensor) and t.fake_mode is not mode:
-                    if id(t) not in new:
-                        fresh = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype)
-                        if isinstance(t, nn.Parameter):
-                            fresh = nn.Parameter(fresh, requires_grad=t.requires_grad)
-                        new[id(t)] = fresh
-                    store[name] = new[id(t)]
-
-
 def build_model(build: Callable[[], nn.Module]) -> nn.Module:
     """``build()`` checked: an nn.Module, its fake tensors all of the active fake mode."""
     try:
@@ -142,7 +120,7 @@ def build_model(build: Callable[[], nn.Module]) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise FitError(f"the builder returned a {type(model).__name__}, not an nn.Module. Fix: make it return "
                        "the model (e.g. `def build(): return MyNet(...)`).")
-    _refake(model)
+    adopt_fake_tensors(model)
     return model
 
 

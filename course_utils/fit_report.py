@@ -86,7 +86,9 @@ class FitReport:
     def allocated_after_forward(self) -> int:
         """Bytes allocated when the plain step's forward returns (parameters, optimizer state,
         kept gradients, what is saved for backward, the output): the figure papers and
-        profilers report as "after the forward"."""
+        profilers report as "after the forward". With ``accumulate`` it is the second
+        micro-batch's (the gradients and the previous micro-batch's output and loss alive), as
+        for every later one; ``by_module`` counts the first micro-batch's forward."""
         return self.rows[0].after_forward
 
     @property
@@ -122,7 +124,9 @@ class FitReport:
     def budget_lines(self) -> list[str]:
         """What the card holds besides the predicted peak, one line each."""
         o = self.overheads
-        lines = [f"card: {self.card_gib:g} GiB holds a predicted peak of {mib(self.usable):,.0f} MiB:",
+        holds = (f"holds a predicted peak of {mib(self.usable):,.0f} MiB:" if self.usable > 0 else
+                 "holds no step: what it needs besides the peak takes it all:")
+        lines = [f"card: {self.card_gib:g} GiB {holds}",
                  f"  less the CUDA context {o.context_mib:,.0f} MiB and a slack of {o.slack:.0%} of the peak "
                  f"({o.source})"]
         if self.workspace:

@@ -15,7 +15,8 @@ choice                      what it changes (per step, steady state)
                             exist while the forward's activations do
 ``optimizer_in_backward``   one optimizer per parameter, stepped by its post-accumulate-grad hook and
                             the gradient freed at once (PyTorch's tutorial "How to save memory by
-                            fusing the optimizer step into the backward pass")
+                            fusing the optimizer step into the backward pass"; the tutorial builds
+                            them with ``foreach=False``, CUDA's default is foreach)
 ``mode``                    ``"train"``: the step; ``"forward"``: a train-mode forward and the loss,
                             no backward (what "allocated after the forward" measures);
                             ``"inference"``: ``model.eval()`` under ``torch.inference_mode``
@@ -30,6 +31,7 @@ optimizer and put it (and kept gradients) in the state a running loop has from s
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -52,12 +54,15 @@ class LoopError(ValueError):
 
 def select_output(out: Any, output: int | str | None) -> Any:
     """The part of a model's output the loss takes: ``out`` itself (``output`` None), an element
-    of a tuple or list, or a dict's value in order (an int), a key of a dict or an attribute (a
-    str: e.g. a Hugging Face ``ModelOutput``'s ``"logits"``)."""
+    of a tuple or list, or a dict's value in order (an int), a key of a dict, a named tuple's
+    field or an attribute (a str: e.g. a Hugging Face ``ModelOutput``'s ``"logits"``)."""
     if output is None:
         return out
     if isinstance(output, bool) or not isinstance(output, (int, str)):
         raise LoopError(f"output={output!r}: give an index (int) or a key / attribute name (str)")
+    if isinstance(out, torch.Tensor):
+        raise LoopError(f"output={output!r}, but the model returns one tensor, which is what the loss takes. "
+                        "Fix: leave output out.")
     if isinstance(output, int):
         if isinstance(out, Mapping):  # a ModelOutput indexes its values in order, as its to_tuple()
             out = tuple(out.values())
@@ -73,6 +78,13 @@ def select_output(out: Any, output: int | str | None) -> Any:
             raise LoopError(f"output={output!r} is not a key of the model's output; its keys are "
                             f"{', '.join(map(repr, out))}. Fix: one of those.")
         return out[output]
+    if isinstance(out, (tuple, list)):  # a named tuple's fields, never a tuple's methods (count, index)
+        fields = getattr(type(out), "_fields", ())
+        if output in fields:
+            return getattr(out, output)
+        raise LoopError(f"output={output!r}: the model returns a {type(out).__name__} of {len(out)} outputs"
+                        + (f" with the fields {', '.join(fields)}" if fields else "")
+                        + ". Fix: an index (output=0)" + (" or one of the fields." if fields else "."))
     if hasattr(out, output):
         return getattr(out, output)
     raise LoopError(f"output={output!r}: the model returns a {type(out).__name__}, which has no key or attribute "
@@ -156,12 +168,7 @@ class Loop:
             raise LoopError(problem)
 
     def _problems(self) -> Iterable[str]:
-        if self.mode not in MODES:
-            yield f"mode {self.mode!r}: one of {', '.join(MODES)}"
-        if self.optimizer is not None and self.optimizer not in OPTIMIZERS:
-            yield f"optimizer {self.optimizer!r}: one of {', '.join(OPTIMIZERS)}"
-        if isinstance(self.accumulate, bool) or not isinstance(self.accumulate, int) or self.accumulate < 1:
-            yield f"accumulate={self.accumulate!r}: a whole number of micro-batches per step, >= 1"
+        yield from self._type_problems()
         opt = self.optimizer_name
         if self.mode == "inference" and self.optimizer not in (None, "none"):
             yield (f"mode 'inference' trains nothing, so optimizer {self.optimizer!r} has no memory to add. "
@@ -186,6 +193,27 @@ class Loop:
         if self.optimizer_in_backward and self.accumulate > 1:
             yield ("optimizer_in_backward steps at every backward, so gradients cannot accumulate over "
                    "micro-batches (PyTorch's tutorial says so). Fix: drop one of the two")
+
+    def _type_problems(self) -> Iterable[str]:
+        """Each option of the right kind: a string "false" or a 1 where a bool is meant would
+        otherwise count as True, silently."""
+        if self.mode not in MODES:
+            yield f"mode {self.mode!r}: one of {', '.join(MODES)} (lower case). Fix: e.g. mode 'train'"
+        if self.optimizer is not None and self.optimizer not in OPTIMIZERS:
+            yield f"optimizer {self.optimizer!r}: one of {', '.join(OPTIMIZERS)}. Fix: e.g. optimizer 'adamw'"
+        if isinstance(self.accumulate, bool) or not isinstance(self.accumulate, int) or self.accumulate < 1:
+            yield (f"accumulate={self.accumulate!r}: a whole number of micro-batches per step, >= 1. "
+                   "Fix: e.g. accumulate=4")
+        for name in ("fused", "keep_grads", "optimizer_in_backward"):
+            if not isinstance(getattr(self, name), bool):
+                yield f"{name}={getattr(self, name)!r}: True or False. Fix: {name}=True (or leave it out)"
+        if self.foreach is not None and not isinstance(self.foreach, bool):
+            yield f"foreach={self.foreach!r}: True, False or None (the target's default). Fix: foreach=False"
+        m = self.momentum
+        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m)):
+            yield f"momentum={m!r}: a finite number >= 0. Fix: e.g. momentum=0.9"
+        if self.output is not None and (isinstance(self.output, bool) or not isinstance(self.output, (int, str))):
+            yield f"output={self.output!r}: an index (int) or a key / attribute name (str). Fix: e.g. output='logits'"
 
     @property
     def optimizer_name(self) -> str:

@@ -384,3 +384,69 @@ def test_cli_json_and_exit_codes(capsys):
     # a card smaller than the CUDA context holds nothing: exit 3, which a script can branch on
     assert fit.main([*base, "--card", "0.25"]) == fit.EXIT_DOES_NOT_FIT
     assert fit.main([*base, "--card", "1", "--mode", "inference", "--keep-grads"]) == fit.EXIT_BAD_INPUT
+
+
+# -- what an independent review found (each failed, or answered wrongly, before its fix) --------
+class Regressor(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.lin(x).squeeze(1)
+
+
+class ReturnsItsLoss(Regressor):
+    def forward(self, x):
+        return self.lin(x).sum()
+
+
+def frozen_backbone():
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    m[0].requires_grad_(False)
+    return m
+
+
+def all_frozen():
+    return nn.Sequential(nn.Linear(8, 3)).requires_grad_(False)
+
+
+def test_review_findings_each_answered():
+    kw = dict(card_gib=1, techniques=[], progress=False)
+    # a frozen backbone (fine-tuning) is predicted, in training and in inference
+    assert fit.fit(frozen_backbone, (4, 8), **kw).rows[0].peak > fit.fit(frozen_backbone, (4, 8), mode="inference",
+                                                                          **kw).rows[0].peak > 0
+    # inference runs no loss: an output the default loss would refuse is fine there
+    assert fit.fit(Regressor, (4, 8), mode="inference", **kw).spec.output_shape == (4,)
+    assert fit.fit(TwoHeads, (4, 8), mode="inference", **kw).rows[0].peak > 0
+    # an H100's cuBLAS workspaces are 32 MiB (compute capability 9.0)
+    assert fit.fit(Regressor, (4, 8), loss="mse", compute_capability="9.0", **kw).overheads.workspace_bytes == 2 * 2**25
+    # an unchanged step keeps the plain step's largest batch (in-place after BatchNorm)
+    rep = fit.fit(conv1d_net, (8, 1, 256), card_gib=1, techniques=["inplace"], progress=False)
+    assert rep.rows[1].largest_batch == rep.rows[0].largest_batch and "peak unchanged" in rep.rows[1].note
+    # a card smaller than what it needs besides the peak says so
+    assert "holds no step" in fit.fit(conv1d_net, (4, 1, 256), card_gib=0.5, techniques=[], progress=False).summary()
+
+
+@pytest.mark.parametrize("kwargs, fix", [
+    (dict(build=all_frozen), "--mode forward or --mode inference"),
+    (dict(build=lambda: nn.ReLU()), "has no parameters"),
+    (dict(build=ReturnsItsLoss, loss="mse"), "no dimensions"),
+    (dict(build=Regressor, loss="mse", output="T"), "one tensor"),
+    (dict(build=Regressor, loss="mse", compute_capability="nine"), "--compute-capability 9.0"),
+    (dict(build=Regressor, loss="mse", fused="false"), "True or False"),
+])
+def test_review_refusals_name_the_fix(kwargs, fix):
+    with pytest.raises(fit.FitError, match=fix):
+        fit.fit(input_shape=(4, 8), card_gib=1, techniques=[], progress=False, **kwargs)
+
+
+def test_predict_step_on_a_transformer_encoder():
+    """nn.TransformerEncoder deep-copies its layer inside FakeTensorMode: predict_step itself (not
+    only fit) adopts the copies into the active fake mode."""
+    shape = (2, 3, 16, 16)
+    fake = predict_step(lambda: vit_tiny(image=16, dim=48, depth=1), shape, (2,), n_classes=10, target="cpu",
+                        module_peaks=False)
+    real = predict_step(lambda: vit_tiny(image=16, dim=48, depth=1), shape, (2,), n_classes=10, target="cpu",
+                        module_peaks=False, fake=False)
+    assert fake.peak == real.peak

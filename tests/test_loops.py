@@ -137,7 +137,7 @@ def test_select_output():
         select_output((t, t), 2)
     with pytest.raises(LoopError, match="'logits'"):
         select_output({"logits": t}, "logit")
-    with pytest.raises(LoopError, match="tuple"):
+    with pytest.raises(LoopError, match="one tensor"):
         select_output(t, 0)
 
 
@@ -173,3 +173,52 @@ def test_training_step_switches_match_a_written_loop():
     assert all(torch.allclose(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
     assert all(p.grad is None for p in a.parameters())  # freed inside backward
     inb.remove()
+
+
+def partly_frozen() -> nn.Sequential:
+    """A fine-tuning setup: the first layer frozen, the head trained."""
+    m = mlp()
+    m[0].requires_grad_(False)
+    return m
+
+
+@pytest.mark.parametrize("loop", [Loop(), Loop(optimizer_in_backward=True, fused=True), Loop(mode="inference")],
+                         ids=["adam", "in-backward", "inference"])
+def test_frozen_parameters_are_predicted(loop):
+    """MemTracker hooks every parameter's gradient, which torch refuses for a frozen one: the
+    old MemoryLog failed on any model with a frozen parameter, in every mode."""
+    real = predict_step(partly_frozen, (B, D_IN), (B,), n_classes=CLASSES, loop=loop, fake=False, target="cpu")
+    fake = predict_step(partly_frozen, (B, D_IN), (B,), n_classes=CLASSES, loop=loop, fake=True, target="cpu")
+    assert fake.peak == real.peak and fake.breakdown == real.breakdown
+    if loop.mode == "train" and not loop.optimizer_in_backward:
+        trained = [p for p in partly_frozen().parameters() if p.requires_grad]
+        # Adam's two moments (and a 4-byte step count) for the trained parameters only
+        assert real.after_forward["Optstate"] == sum(2 * p.numel() * 4 + 4 for p in trained)
+
+
+@pytest.mark.parametrize("kwargs, fix", [
+    (dict(fused="false"), "True or False"),
+    (dict(keep_grads=1), "True or False"),
+    (dict(foreach="no"), "True, False or None"),
+    (dict(optimizer="sgd", momentum="0.9"), "a finite number"),
+    (dict(optimizer="sgd", momentum=float("inf")), "a finite number"),
+    (dict(optimizer="sgd", momentum=True), "a finite number"),
+    (dict(output=1.5), r"an index \(int\)"),
+    (dict(mode="Train"), "lower case"),
+])
+def test_options_of_the_wrong_kind_are_refused_not_taken_as_true(kwargs, fix):
+    with pytest.raises(LoopError, match=fix) as e:
+        Loop(**kwargs)
+    assert "Fix:" in str(e.value)
+
+
+def test_select_output_never_takes_a_tensors_or_a_tuples_attributes():
+    from collections import namedtuple
+
+    t = torch.zeros(2)
+    with pytest.raises(LoopError, match="one tensor"):
+        select_output(t, "T")  # a tensor's transpose is no output of the model
+    with pytest.raises(LoopError, match="an index"):
+        select_output((t, t), "count")  # nor a tuple's method
+    pair = namedtuple("Pair", "logits aux")(t, t * 2)
+    assert select_output(pair, "logits") is pair.logits and select_output(pair, 1) is pair.aux

@@ -278,7 +278,8 @@ def test_memtracker_private_api_is_as_expected():
     assert {m.value for m in _MemRefType} == set(CATEGORIES)
     for name in ("_pre_fw_hook", "_post_fw_hook", "_pre_bw_hook", "_post_bw_hook",
                  "get_tracker_snapshot", "track_external", "_mod_tracker", "_update_peak_stats",
-                 "_curr_mem_snap", "_peak_mem", "_peak_mem_snap", "_in_opt"):
+                 "_curr_mem_snap", "_peak_mem", "_peak_mem_snap", "_in_opt", "_param_to_grad_hook_handles",
+                 "memory_tracking", "reset_mod_stats"):
         assert hasattr(MemTracker(), name), f"MemTracker.{name} is gone: update MemoryLog"
     assert issubclass(MemoryLog, MemTracker)
 

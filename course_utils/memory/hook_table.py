@@ -80,6 +80,16 @@ def _cuda_block_rounding(enabled: bool) -> Iterator[None]:
         mt._WeakRefInfo._calculate_mem_consumed = original
 
 
+class _NoHook:
+    """A hook handle with nothing to remove (a frozen parameter's, see ``MemoryLog._pre_fw_hook``)."""
+
+    def remove(self) -> None:
+        """Nothing was registered."""
+
+
+_NO_HOOK = _NoHook()
+
+
 class MemoryLog(MemTracker):
     """Seed 000's per-layer memory table, from PyTorch's ``MemTracker``.
 
@@ -198,6 +208,13 @@ class MemoryLog(MemTracker):
 
     # -- MemTracker's module hooks, extended with a row each ---------------------------------
     def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
+        if module not in self.memory_tracking:
+            # MemTracker hooks every parameter's gradient; torch refuses a hook on a frozen one
+            # (requires_grad=False: fine-tuning, frozen BatchNorm, LoRA), which has no gradient
+            # to track: a handle that does nothing stands in for its hooks
+            for p in module.parameters():
+                if not p.requires_grad and p not in self._param_to_grad_hook_handles:
+                    self._param_to_grad_hook_handles[p] = (_NO_HOOK, _NO_HOOK)
         if id(module) == self._root and module in self.memory_tracking and not self._mod_tracker.is_bw:
             # the root's second forward: a new micro-batch (gradient accumulation). MemTracker keeps
             # per-module stats for one iteration only; the global peak and the rows go on

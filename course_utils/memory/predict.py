@@ -74,6 +74,29 @@ def method_label(fake: bool, steady_state: bool, target: str, autocast: bool) ->
     return f"measured on CPU tensors (MemTracker; {step}{rules})"
 
 
+def adopt_fake_tensors(model: nn.Module) -> None:
+    """Parameters and buffers copied with ``copy.deepcopy`` inside ``FakeTensorMode`` (as
+    ``nn.TransformerEncoder`` copies its layer) belong to another fake mode, which the active one
+    refuses ("Mixing fake modes"): replace them by tensors of the active mode (values do not
+    matter; tied tensors stay tied)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    mode = getattr(torch.empty(0), "fake_mode", None)
+    if mode is None:
+        return
+    new: dict[int, torch.Tensor] = {}
+    for m in model.modules():
+        for store in (m._parameters, m._buffers):
+            for name, t in list(store.items()):
+                if isinstance(t, FakeTensor) and t.fake_mode is not mode:
+                    if id(t) not in new:
+                        fresh = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype)
+                        if isinstance(t, nn.Parameter):
+                            fresh = nn.Parameter(fresh, requires_grad=t.requires_grad)
+                        new[id(t)] = fresh
+                    store[name] = new[id(t)]
+
+
 def _check_builder(build_model: Any) -> None:
     if isinstance(build_model, nn.Module):
         raise TypeError(
@@ -186,6 +209,7 @@ def predict_step(
     with default_dtype(dtype), mode, autocast_rules(target if autocast_dtype else None):
         model = build_model()
         _check_model_and_input(model, torch.empty(0))
+        adopt_fake_tensors(model)  # (real tensors, fake=False: nothing to do)
         x = torch.randn(input_shape)
         if loop is not None and loop.mode == "inference":
             y = None  # inference has no target
