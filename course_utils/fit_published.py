@@ -381,7 +381,7 @@ def _hf(name: str, figure_mib: int, quote: str, where: str, fit_changes: dict, r
             "url": _HF_ANATOMY_URL if name.endswith("vanilla") else _HF_ONE_GPU_URL,
             "where": where, "quote": quote, "inferred": _HF_BERT_INFERRED,
             "gpu": "Tesla V100-SXM2 16GB", "torch": "not stated (~1.10, Jan 2022)",
-            "context_mib": HF_CONTEXT_MIB}
+            "context_mib": HF_CONTEXT_MIB, "compute_capability": "7.0"}
 
 
 _VIT_FIT = {"input_shape": (1, 3, 224, 224), "loss": sum_loss, "target_shape": (1, 1000),
@@ -401,7 +401,8 @@ _SDPA_COMMON = {"builder": "bert_base_uncased_lm_head", "row": "none (fp32)", "f
                              " 0.44 GB, not 0.88 GB); no attention mask (the script's mask line is"
                              " commented out); model.zero_grad() sets grads to None (torch >= 2.0)."
                              " Script read in a copy of fxmarty's benchmark_sdpa_training gist."),
-                "gpu": "A100-80GB", "torch": "2.x (not stated for this table; PR of Jan 2024)"}
+                "gpu": "A100-80GB", "torch": "2.x (not stated for this table; PR of Jan 2024)",
+                "compute_capability": "8.0"}
 _MMSEG_URL = ("https://github.com/open-mmlab/mmsegmentation/blob/main/configs/fcn/README.md"
               " (config: configs/_base_/models/fcn_r50-d8.py)")
 
@@ -457,11 +458,11 @@ PUBLISHED: list[dict] = [
              "optimizer": "none", "techniques": []},
      "published_bytes": round(2123.874 * MB), "where": "PR description, training benchmark table, row batch_size 2, seq_len 512, column 'Eager peak mem (MB)'",
      "quote": "|1000              |2         |512    |0.057                     |0.047                    |21.315     |2123.874           |1370.097          |55.016        |",
-     "miss": ("over at batch 2 x 512 while under at 1 x 256: the prediction grows faster between the two"
-              " rows than the measurement. Not explained: the rows differ 8x in the"
-              " attention maps (B x 12 x S x S per layer, kept by softmax and dropout), so the eager"
-              " attention of the benchmarked transformers version (its dtype and mask handling, which the"
-              " PR does not state) is the first suspect")},
+     "miss": ("under at batch 2 x 512 while within 5 % at 1 x 256. Not explained. Modelled already: CUDA's"
+              " fused dropout (a bool mask, where a CPU keeps a float noise tensor) and cuBLAS's workspaces;"
+              " the rows differ 8x in the attention maps (B x 12 x S x S per layer, kept by softmax, dropout's"
+              " mask and the dropped probabilities), so the eager attention of the benchmarked transformers"
+              " version (its mask handling, which the PR does not state) is the first suspect")},
     {"name": "fcn_r50_d8_cityscapes_512x1024", "builder": "fcn_r50_d8",
      "fit": {"input_shape": (2, 3, 512, 1024), "loss": fcn_loss, "target_shape": (2, 512, 1024),
              "n_classes": 19, "optimizer": "sgd", "momentum": 0.9, "foreach": False,
@@ -480,6 +481,7 @@ PUBLISHED: list[dict] = [
                   " in torch 1.x: keep_grads=True); fp32; the 1024x2048 whole-image validation"
                   " under no_grad needs less than a training step"),
      "gpu": "V100 (the table's fps column; GPU memory not stated)", "torch": "not stated (~1.5, mmseg v0.5)",
+     "compute_capability": "7.0",
      "miss": ("under. Cause, not measured: what fake tensors cannot see -- cuDNN's workspaces"
               " for the dilated 3x3 convolutions over 2 x 2048 x 64 x 128 maps (torch 1.5's algorithm search"
               " on a V100 takes them through the caching allocator, hundreds of MiB), and the figure is the"

@@ -3,7 +3,9 @@ quoted from a PyTorch tutorial, Hugging Face's docs, a transformers pull request
 model zoo) predicted by ``fit`` with the entry's own options, and the ratio.
 
 * ``validate()`` -- one ``Check`` per entry: the published figure, ``fit``'s prediction of the same
-  figure (the peak, the bytes allocated after the forward), predicted / published, and for a
+  figure (the peak, the bytes allocated after the forward, plus the cuBLAS workspaces of fit's
+  budget for the entry's GPU: the allocator holds them, so every reading includes them),
+  predicted / published, and for a
   driver-level reading (``nvidia-smi``) the prediction plus the CUDA context the source itself
   measured (what such a reading adds; the allocator's cached free memory it also adds is not
   predicted, so there predicted + context is a lower bound).
@@ -35,9 +37,18 @@ class Check:
     """One published figure and ``fit``'s prediction of it."""
 
     entry: dict[str, Any]
-    predicted: int  # bytes: fit's figure of the same kind (peak, or allocated after the forward)
+    figure: int  # bytes: fit's figure of the same kind (peak, or allocated after the forward)
     loop: str  # the loop in words (Loop.describe) and the technique's row
     context_mib: float | None  # the CUDA context a driver-level reading includes, as its source measured it
+    workspace_bytes: int = 0  # the cuBLAS workspaces fit's budget adds (allocated, so in every reading)
+    workspace: str = ""  # fit's line for them
+
+    @property
+    def predicted(self) -> int:
+        """What the reading would show by ``fit``: its figure plus the cuBLAS workspaces, which
+        the caching allocator holds from the first matrix product on (so ``max_memory_allocated``,
+        a snapshot and ``nvidia-smi`` all include them)."""
+        return self.figure + self.workspace_bytes
 
     @property
     def name(self) -> str:
@@ -81,11 +92,13 @@ def validate(entries: Sequence[dict[str, Any]] = PUBLISHED, progress: bool = Tru
     for e in tqdm(entries, desc="published figures", disable=not progress, file=sys.stderr):
         opts = dict(e["fit"])
         shape = opts.pop("input_shape")
-        rep = fit(getattr(fit_published, e["builder"]), shape, card_gib=80, progress=False, **opts)
+        rep = fit(getattr(fit_published, e["builder"]), shape, card_gib=80, progress=False,
+                  compute_capability=e.get("compute_capability"), **opts)
         context = e.get("context_mib")
         tech = "" if e["row"] == "none (fp32)" else f"; row {e['row']}"
         checks.append(Check(e, _figure(rep, e), rep.loop.describe() + tech,
-                            float(context) if context is not None else None))
+                            float(context) if context is not None else None,
+                            rep.overheads.workspace_bytes, rep.workspace))
     return checks
 
 
@@ -124,8 +137,9 @@ def markdown(checks: Sequence[Check]) -> str:
             f"\n## {c.name}\n\n- **Source**: {e['source']}, {e['url']}; {e['where']}.\n"
             f"- **Quote**: \"{e['quote']}\"\n- **Published**: {c.published:,} bytes ({mib(c.published):,.0f} MiB); "
             f"reading: {e['reading']}.\n- **Setup in `fit`**: builder `{e['builder']}`, {c.loop}; "
-            f"figure: {e['figure']}.\n- **Predicted**: {c.predicted:,} bytes ({mib(c.predicted):,.0f} MiB); "
-            f"ratio {c.ratio:.3f}: {c.verdict}.\n- **Inferred**: {e['inferred']}\n"
+            f"figure: {e['figure']}.\n- **Predicted**: {c.predicted:,} bytes ({mib(c.predicted):,.0f} MiB) = "
+            f"fit's {e['figure']} {c.figure:,}" + (f" + {c.workspace}" if c.workspace_bytes else "")
+            + f"; ratio {c.ratio:.3f}: {c.verdict}.\n- **Inferred**: {e['inferred']}\n"
             f"- GPU: {e['gpu']}; torch: {e['torch']}.\n")
     return "\n".join(parts)
 

@@ -599,3 +599,36 @@ def test_seed003_excess_is_about_130_mb_at_small_n():
     assert table.loc[50, "excess MB"] == pytest.approx(134 - 13 * 0.5, abs=0.1)
     assert table.loc[[50, 64], "excess MB"].between(100, 150).all()
     assert 18 < table.loc[350, "excess / input"] < 20
+
+
+def test_dropout_follows_cudas_fused_kernel():
+    """ATen's dropout takes the fused kernel on a CUDA tensor (``native_dropout``: a bool mask
+    kept for backward) and multiplies by a float noise tensor it keeps on a CPU tensor: the real
+    dispatch on fake CUDA and CPU tensors says which, and the prediction for CUDA keeps 1 byte
+    per element where the CPU keeps 4 (before cuda_dropout the prediction for CUDA kept 4)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    for device, fused in (("cuda", True), ("cpu", False)):
+        with FakeTensorMode(), Ops() as ops:
+            torch.nn.functional.dropout(torch.empty(8, 8, device=device), 0.1)
+        assert ("native_dropout" in ops.names) is fused and ("bernoulli_" in ops.names) is not fused
+
+    def net():
+        return nn.Sequential(nn.Linear(64, 256), nn.Dropout(0.1), nn.Linear(256, 8))
+
+    kw = dict(n_classes=8, optimizer=None, module_peaks=False)
+    cuda = predict_step(net, (32, 64), (32,), **kw)
+    cpu = predict_step(net, (32, 64), (32,), target="cpu", **kw)
+    assert cpu.saved_peak - cuda.saved_peak == 32 * 256 * (4 - 1)
+    x = torch.randn(4, 8, requires_grad=True)  # and CPU dropout is itself again afterwards
+    assert type(torch.nn.functional.dropout(x, 0.1).grad_fn).__name__ == "MulBackward0"

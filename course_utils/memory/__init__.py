@@ -34,8 +34,8 @@ Where things are (every name below is also importable from ``course_utils.memory
 * ``meters``     -- ``SavedTensorMeter``, ``saved_tensors`` (``SavedTensor``), ``LiveBytes``, ``storage_key``;
 * ``hook_table`` -- ``MemoryLog`` (``Row``, ``CATEGORIES``, ``CUDA_BLOCK_ROUNDING``, ``LOSS``, ``OPTIMIZER``), ``log_step``;
 * ``predict``    -- ``predict_step`` (``Prediction``, ``method_label``, ``prime_optimizer``,
-  ``default_dtype``, ``make_optimizer``, ``target_spec``, ``adopt_fake_tensors``) and its twin on
-  a GPU, ``measure_step`` (``step_parts``: what it trains);
+  ``default_dtype``, ``make_optimizer``, ``target_spec``, ``adopt_fake_tensors``, ``cuda_dropout``)
+  and its twin on a GPU, ``measure_step`` (``step_parts``: what it trains);
 * ``oom``        -- ``largest_that_fits``, ``catch_oom``, ``explain_oom``, ``is_oom``;
 * ``cuda``       -- ``cuda_peak`` (``CudaPeak``), ``memory_cap``, ``require_cuda``;
 * ``transients`` -- ``OpTransients`` (``OpMemory``, ``CudaStats``, ``LiveBytesStats``, ``BLOCK``): what
@@ -49,6 +49,7 @@ from .oom import catch_oom, explain_oom, is_oom, largest_that_fits
 from .predict import (
     Prediction,
     adopt_fake_tensors,
+    cuda_dropout,
     default_dtype,
     make_optimizer,
     measure_step,
@@ -87,7 +88,7 @@ __all__ = [
     "CATEGORIES", "CUDA_BLOCK_ROUNDING", "LOSS", "OPTIMIZER", "MemoryLog", "Row", "log_step",
     "LiveBytes", "SavedTensor", "SavedTensorMeter", "saved_tensors", "storage_key",
     "catch_oom", "explain_oom", "is_oom", "largest_that_fits",
-    "Prediction", "adopt_fake_tensors", "default_dtype", "make_optimizer", "measure_step", "method_label",
+    "Prediction", "adopt_fake_tensors", "cuda_dropout", "default_dtype", "make_optimizer", "measure_step", "method_label",
     "predict_step", "prime_optimizer",
     "step_parts", "target_spec",
     "BLOCK", "CudaStats", "LiveBytesStats", "OpMemory", "OpTransients", "op_memory_step",

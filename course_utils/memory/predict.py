@@ -6,6 +6,7 @@ same step on a real GPU and reads the caching allocator.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
@@ -72,6 +73,32 @@ def method_label(fake: bool, steady_state: bool, target: str, autocast: bool) ->
         return f"predicted {where} (MemTracker under FakeTensorMode; {step}{rules})"
     rules = ", CPU autocast rules" if autocast else ""
     return f"measured on CPU tensors (MemTracker; {step}{rules})"
+
+
+@contextlib.contextmanager
+def cuda_dropout() -> Iterator[None]:
+    """While active, ``F.dropout`` / ``torch.dropout`` run as on a CUDA tensor: ATen's
+    ``dropout`` takes the fused kernel there (``native_dropout``, which keeps a **bool** mask for
+    backward: 1 byte per element) where a CPU multiplies by a noise tensor it keeps in the
+    input's dtype (4 bytes per element in fp32) -- aten/src/ATen/native/Dropout.cpp,
+    ``is_fused_kernel_acceptable``: a CUDA input, 0 < p < 1, not empty, not in place. In-place
+    and feature dropout (``Dropout2d``/``3d``) take the same path on both. Not reentrant."""
+    lib = torch.library.Library("aten", "IMPL")
+
+    def dropout(input: torch.Tensor, p: float, train: bool) -> torch.Tensor:
+        if train and 0 < p < 1 and input.numel() > 0:
+            return torch.native_dropout(input, p, train)[0]
+        if not train or p == 0 or input.numel() == 0:
+            return input
+        return input * torch.zeros((), dtype=input.dtype, device=input.device)  # p == 1, as ATen
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
+            lib.impl("dropout", dropout, "CompositeImplicitAutograd")
+        yield
+    finally:
+        lib._destroy()
 
 
 def adopt_fake_tensors(model: nn.Module) -> None:
@@ -161,7 +188,8 @@ def predict_step(
       state only in ``optimizer.step()``, after the backward pass.
     * ``target``: whose rules the step follows. ``"cuda"`` (default for ``fake=True``): CUDA's
       autocast op lists (``amp_rules``), Adam's foreach implementation (the default on CUDA),
-      and the caching allocator's 512-byte blocks. ``"cpu"`` (the only choice for
+      dropout's fused kernel and its bool mask (``cuda_dropout``), and the caching allocator's
+      512-byte blocks. ``"cpu"`` (the only choice for
       ``fake=False``): what this CPU does.
     * ``module_peaks=False`` skips MemTracker's per-module peak bookkeeping (about half its
       cost); the global peak and breakdown are unchanged.
@@ -206,7 +234,8 @@ def predict_step(
 
     gc.collect(1)
     mode = FakeTensorMode() if fake else contextlib.nullcontext()
-    with default_dtype(dtype), mode, autocast_rules(target if autocast_dtype else None):
+    dropout = cuda_dropout() if target == "cuda" else contextlib.nullcontext()
+    with default_dtype(dtype), mode, autocast_rules(target if autocast_dtype else None), dropout:
         model = build_model()
         _check_model_and_input(model, torch.empty(0))
         adopt_fake_tensors(model)  # (real tensors, fake=False: nothing to do)
