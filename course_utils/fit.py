@@ -148,13 +148,33 @@ def _loss_fn(loss: str | Callable) -> tuple[str, Callable]:
     return loss, LOSSES[loss]
 
 
+#: a ``LoopError``'s Python option names, as the command line spells them in a ``FitError``
+_CLI_NAMES = (("mode '", "--mode '"), ("optimizer_in_backward", "--optimizer-in-backward"),
+              ("keep_grads", "--keep-grads"), ("output=", "--output "))
+
+
+def _fit_error(e: LoopError) -> FitError:
+    """A ``LoopError`` as ``fit``'s error, with the command line's option names in its fix."""
+    text = str(e)
+    for python, cli in _CLI_NAMES:
+        text = text.replace(python, cli)
+    return FitError(text)
+
+
 def make_loop(**options: Any) -> Loop:
     """``loops.Loop(**options)``, its errors as ``FitError`` (the CLI's option names in the fix)."""
     try:
         return Loop(**options)
     except LoopError as e:
-        raise FitError(f"{e}".replace("mode '", "--mode '").replace("optimizer_in_backward", "--optimizer-in-backward")
-                       .replace("keep_grads", "--keep-grads")) from None
+        raise _fit_error(e) from None
+
+
+def _selected(out: Any, loop: Loop) -> Any:
+    """``loops.select_output`` of the model's output, its errors as ``FitError``."""
+    try:
+        return select_output(out, loop.output)
+    except LoopError as e:
+        raise _fit_error(e) from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -195,10 +215,7 @@ class _OpNames(TorchDispatchMode):
 def _loss_input(out: Any, loop: Loop, custom_loss: bool) -> Any:
     """What the loss takes from the model's output; a FitError that names ``--output`` when a
     named loss meets several outputs."""
-    try:
-        sel = select_output(out, loop.output)
-    except LoopError as e:
-        raise FitError(str(e).replace("output=", "--output ")) from None
+    sel = _selected(out, loop)
     if not isinstance(sel, torch.Tensor) and not custom_loss:
         kind = "keys " + ", ".join(map(repr, sel)) if isinstance(sel, dict) else f"{type(sel).__name__}"
         raise FitError(f"the model returns a {type(sel).__name__} ({kind}), not one tensor. Fix: --output NAME or "
@@ -237,10 +254,7 @@ def _probe(build: Callable[[], nn.Module], input_shape: tuple[int, ...], loss: s
         _check_trainable(model, loop)
         cublas = bool(ops.names & _CUBLAS_OPS)
         if loop.mode == "inference":  # no loss, no target: the output is all there is
-            try:
-                sel = select_output(out, loop.output)
-            except LoopError as e:
-                raise FitError(str(e).replace("output=", "--output ")) from None
+            sel = _selected(out, loop)
             shape = tuple(sel.shape) if isinstance(sel, torch.Tensor) else ()
             return StepSpec(input_shape[1:], (), None, "none (inference)", loss_fn, shape, loop, cublas), info
         sel = _loss_input(out, loop, custom)
@@ -379,6 +393,11 @@ class _Fitter:
         self._preds: dict[tuple[str, int], Any] = {}
         self._costs: dict[tuple[str, int], StepCost] = {}
 
+    @property
+    def predictions(self) -> int:
+        """How many steps were predicted (each technique and batch once)."""
+        return len(self._preds)
+
     def predict(self, key: str, batch: int):
         if (key, batch) not in self._preds:
             s = self.spec
@@ -437,10 +456,11 @@ class _Fitter:
 
 def _secant(points: dict[int, int], at: int, budget: int, per_sample: float) -> int:
     """The batch where the line through the two known points nearest ``at`` meets ``budget``."""
-    (b1, p1), (b2, p2) = sorted(points.items(), key=lambda bp: abs(bp[0] - at))[:2] if len(points) > 1 else \
-        ((at, points[at]), (at, points[at]))
-    slope = (p2 - p1) / (b2 - b1) if b2 != b1 else per_sample
-    slope = slope if slope > 0 else per_sample
+    slope = per_sample  # the affine model's, until two points say otherwise
+    if len(points) > 1:
+        (b1, p1), (b2, p2) = sorted(points.items(), key=lambda bp: abs(bp[0] - at))[:2]
+        if (p2 - p1) / (b2 - b1) > 0:
+            slope = (p2 - p1) / (b2 - b1)
     return int(at + (budget - points[at]) // slope)
 
 
@@ -457,8 +477,8 @@ def _fixed_and_per_sample(prediction, batch: int) -> tuple[int, float]:
 def fit(build: Callable[[], nn.Module] | str, input_shape: Sequence[int] | str = (8, 1, 512, 512), *,
         card_gib: float = 8.0, loss: str | Callable = "cross_entropy", target_shape: Sequence[int] | None = None,
         n_classes: int | None = None, techniques: Sequence[str] | str | None = None,
-        time_card: Any = None, compute_capability: tuple[int, int] | str | None = None, optimizer: str | None = None, momentum: float | None = None,
-        foreach: bool | None = None, fused: bool = False, keep_grads: bool = False, accumulate: int = 1,
+        time_card: Any = None, compute_capability: tuple[int, int] | str | None = None,
+        optimizer: str | None = None, momentum: float | None = None, foreach: bool | None = None, fused: bool = False, keep_grads: bool = False, accumulate: int = 1,
         optimizer_in_backward: bool = False, mode: str = "train", output: int | str | None = None,
         progress: bool = True) -> FitReport:
     """Predict one step of ``build()``'s model at ``input_shape`` (batch first) and the same step
@@ -500,7 +520,7 @@ def fit(build: Callable[[], nn.Module] | str, input_shape: Sequence[int] | str =
                   if techniques else "no technique asked for: time not estimated")
     base = f.predict("baseline", input_shape[0])
     return FitReport(name, input_shape, card_gib, base, spec, rows, skipped, by_module(base), f.usable, f.over,
-                     assumption, info["blocks"], loop, f.workspace, len(f._preds))
+                     assumption, info["blocks"], loop, f.workspace, f.predictions)
 
 
 def _rows(f: _Fitter, spec: StepSpec, info: dict[str, Any], batch: int, techniques: list[str],

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from .checkpointing import plot_breakdowns
@@ -166,7 +166,7 @@ class FitReport:
         return {
             "model": self.name, "input_shape": list(self.input_shape), "parameters": self.parameters,
             "loss": self.spec.loss_name, "output_shape": list(self.spec.output_shape),
-            "loop": {**{k: getattr(self.loop, k) for k in self.loop.__dataclass_fields__},
+            "loop": {**asdict(self.loop),
                      "optimizer": self.loop.optimizer_name, "described": self.loop.describe()},
             "method": self.prediction.method, "card_gib": self.card_gib, "fits": self.fits,
             "peak_bytes": self.prediction.peak, "breakdown_bytes": self.breakdown,

@@ -30,7 +30,6 @@ optimizer and put it (and kept gradients) in the state a running loop has from s
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from .train import training_step
+from .train import step_autocast, training_step
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "none")
 MODES = ("train", "forward", "inference")
@@ -289,20 +288,16 @@ class Loop:
             was_training = model.training
             model.eval()
             try:
-                with torch.inference_mode(), _autocast(x, autocast_dtype):
+                with torch.inference_mode(), step_autocast(x, autocast_dtype):
                     return select_output(model(x), self.output)
             finally:
                 model.train(was_training)
         if optimizer is None:
             model.zero_grad(set_to_none=not self.keep_grads)
         if self.mode == "forward":
-            with _autocast(x, autocast_dtype):
+            with step_autocast(x, autocast_dtype):
                 return loss_fn(select_output(model(x), self.output), target)
         k = self.accumulate if micro_batches is None else max(1, min(self.accumulate, micro_batches))
         return training_step(model, x, target, optimizer, loss_fn=loss_fn, autocast_dtype=autocast_dtype,
                              set_to_none=not self.keep_grads, accumulate=k,
                              output=None if self.output is None else lambda out: select_output(out, self.output))
-
-
-def _autocast(x: torch.Tensor, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
-    return torch.autocast(x.device.type, dtype=dtype or torch.float16, enabled=dtype is not None)

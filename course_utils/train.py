@@ -37,6 +37,12 @@ def dice_score(logits: torch.Tensor, target: torch.Tensor, n_classes: int = N_CL
     return float(sum(scores) / len(scores)) if scores else 1.0
 
 
+def step_autocast(x: torch.Tensor, autocast_dtype: torch.dtype | None) -> torch.autocast:
+    """``torch.autocast`` on ``x``'s device in ``autocast_dtype``, or switched off for None: the
+    region a step's forward and loss run in."""
+    return torch.autocast(x.device.type, dtype=autocast_dtype or torch.float16, enabled=autocast_dtype is not None)
+
+
 def training_step(
     model: nn.Module,
     x: torch.Tensor,
@@ -75,8 +81,7 @@ def training_step(
     if optimizer is not None and not in_backward:
         optimizer.zero_grad(set_to_none=set_to_none)
     for _ in range(accumulate):
-        with torch.autocast(x.device.type, dtype=autocast_dtype or torch.float16,
-                            enabled=autocast_dtype is not None):
+        with step_autocast(x, autocast_dtype):
             out = model(x)  # bound, like a written loop's: every part of the output lives on
             logits = output(out) if output is not None else out
             loss = loss_fn(logits, target)
