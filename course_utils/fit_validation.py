@@ -25,6 +25,7 @@ from typing import Any, Sequence
 from . import fit_published
 from .fit import fit
 from .fit_published import PUBLISHED
+from .markdown import table as markdown_table
 from .memory import mib
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "fit-validation.md"
@@ -114,9 +115,6 @@ def table(checks: Sequence[Check]):
 
 def markdown(checks: Sequence[Check]) -> str:
     """The validation page: the table, then each figure's source, quote, setup and inferences."""
-    t = table(checks)
-    head = "| " + " | ".join(t.columns) + " |\n|" + "---|" * len(t.columns) + "\n"
-    rows = "".join("| " + " | ".join(str(v) for v in r) + " |\n" for r in t.itertuples(index=False))
     within = sum(1 for c in checks if not c.driver_level and abs(c.ratio - 1) <= AGREES)
     allocator = sum(1 for c in checks if not c.driver_level)
     parts = [
@@ -129,7 +127,7 @@ def markdown(checks: Sequence[Check]) -> str:
         "predicted within 5 %. A driver-level figure (`nvidia-smi`) also holds the CUDA context and the "
         "caching allocator's free cached blocks: its ratio adds the context the source measured to the "
         "prediction, and is then a lower bound (<= 1 expected), not an agreement.\n",
-        head + rows,
+        "\n".join(markdown_table(table(checks).to_dict("records"))),
     ]
     for c in checks:
         e = c.entry

@@ -4,16 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..markdown import table
 from .budget import COMPLETE
-
-
-def _table(rows: list[dict[str, Any]], cols: list[str] | None = None) -> list[str]:
-    if not rows:
-        return []
-    cols = cols or list(dict.fromkeys(k for r in rows for k in r))
-    cell = lambda v: "-" if v is None else (f"{v:,}" if isinstance(v, int) else str(v)).replace("|", "/")  # noqa: E731
-    return (["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-            + ["| " + " | ".join(cell(r.get(c)) for c in cols) + " |" for r in rows] + [""])
 
 
 def _diagnosis(name: str, res: dict[str, Any]) -> list[str]:
@@ -35,7 +27,7 @@ def _diagnosis(name: str, res: dict[str, Any]) -> list[str]:
                          "peak during": f"{at.get('op', '-')} ({at.get('phase', '-')}), transient {at.get('transient MiB', '-')}",
                          "largest transient": f"{big.get('op', '-')} ({big.get('phase', '-')}) {big.get('transient MiB', '-')} MiB"
                          if big else "none"})
-        lines += _table(rows)
+        lines += table(rows)
         if res.get("largest at the peak"):
             lines += ["Largest blocks live at the measured peak: " + "; ".join(res["largest at the peak"]), ""]
         cmp = res.get("outputs against the prediction")
@@ -93,13 +85,13 @@ def render(state: dict[str, Any]) -> str:
     for n in [n for n in by if n.startswith("benchmark/") and by[n]["result"]]:
         res = by[n]["result"]
         lines += [f"## {n}", "", f"Largest miss {res.get('largest miss %', '-')} %; beyond 5 %: "
-                  f"{', '.join(res.get('rows beyond 5 %', [])) or 'none'}.", ""] + _table(res["table"])
+                  f"{', '.join(res.get('rows beyond 5 %', [])) or 'none'}.", ""] + table(res["table"])
     for n in [n for n in by if n.startswith("examples/") and by[n]["result"]]:
-        lines += [f"## {n}", ""] + _table(by[n]["result"].get("rows", []))
+        lines += [f"## {n}", ""] + table(by[n]["result"].get("rows", []))
     nbs = [by[n] for n in by if n.startswith("notebook/") and by[n]["result"]]
     if nbs:
         lines += ["## Notebooks under nbval", ""]
-        lines += _table([{"notebook": t["result"].get("notebook"), "status": t["status"], "seconds": t["seconds"],
+        lines += table([{"notebook": t["result"].get("notebook"), "status": t["status"], "seconds": t["seconds"],
                           "cells run": t["result"].get("cells run"),
                           "failed code cells": ", ".join(str(c["code cell"]) for c in t["result"].get("failed cells", [])) or "none",
                           "note": t["result"].get("note", "")} for t in nbs])
