@@ -23,7 +23,10 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import numbers
+import operator
 import os
+import reprlib
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -37,6 +40,8 @@ GRADER_RUN_ENV = "COURSE_GRADER_RUN"
 
 #: how much of a learner's error message a part keeps (the grader's JSON keeps it all)
 MESSAGE_CHARS = 600
+#: the deepest nesting of lists and dicts an observation may have (as_data; the grader's load)
+MAX_DEPTH = 40
 
 
 class CheckFailed(AssertionError):
@@ -290,7 +295,6 @@ class Exercise:
         try:
             with quiet():
                 value = part.observe_fn(seed=seed, **{n: objects[n] for n in part.needs})
-            return as_data(value)
         except BaseException as err:  # noqa: BLE001 - the learner's code may raise anything
             if isinstance(err, (KeyboardInterrupt, SystemExit)) and not _in_sandbox():
                 # in a notebook, an interrupt must still stop the cell
@@ -303,6 +307,10 @@ class Exercise:
             if note:
                 raised.message = f"{raised.message} -- {note}"
             return raised.to_data()
+        try:  # the grader's own conversion: a value it cannot keep is not an error of the learner's code
+            return as_data(value)
+        except NotData as err:
+            return Raised("NotData", f"the result is not data the grader can check: {err}", "check").to_data()
 
     def judge(self, key: str, observed: Any, seed: int) -> PartResult:
         """Compare an observation with the reference; never raises."""
@@ -362,11 +370,27 @@ def quiet():
 # --------------------------------------------------------------------------------------------
 # Observations are data
 # --------------------------------------------------------------------------------------------
-def as_data(value: Any) -> Any:
+class NotData(TypeError):
+    """An observed value the grader cannot keep as data (``as_data``): the learner's result has a
+    type no judge reads, which is said as such -- never as an error raised by the learner's code."""
+
+
+def as_data(value: Any, depth: int = 0) -> Any:
     """Check that ``value`` is data the grader may load (``torch.load(weights_only=True)``):
-    None, bool, int, float, str, tensors (detached, on the CPU), and lists/tuples/dicts of them."""
+    None, bool, int, float, str, tensors (detached, on the CPU), and lists/tuples/dicts of them.
+    What Python treats as the same number is converted: a NumPy integer or bool scalar
+    (``numpy.int64``) becomes an int or a bool, a NumPy float scalar a float (``numbers``' ABCs,
+    ``numpy.bool_`` by its ``dtype``); anything else raises ``NotData``."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
+    if depth > MAX_DEPTH:
+        raise NotData(f"it is nested more than {MAX_DEPTH} levels deep")
+    if getattr(getattr(value, "dtype", None), "kind", None) == "b" and getattr(value, "shape", None) == ():
+        return bool(value)  # numpy.bool_ is not a numbers.Integral
+    if isinstance(value, numbers.Integral):
+        return operator.index(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, torch.Tensor):
+        return float(value)
     if isinstance(value, torch.Tensor):
         t = value.detach()
         if t.device.type != "cpu":
@@ -375,10 +399,11 @@ def as_data(value: Any) -> Any:
     if isinstance(value, torch.dtype):
         return str(value)
     if isinstance(value, (list, tuple)):
-        return [as_data(v) for v in value]
+        return [as_data(v, depth + 1) for v in value]
     if isinstance(value, dict):
-        return {str(k): as_data(v) for k, v in value.items()}
-    raise TypeError(f"an observation must be data, got {type(value).__name__}")
+        return {str(k): as_data(v, depth + 1) for k, v in value.items()}
+    raise NotData(f"got {type(value).__module__}.{type(value).__qualname__} (return ints, floats, bools, "
+                  "strings, tensors, or lists, tuples and dicts of them)")
 
 
 def roundtrip(data: Any) -> Any:
@@ -392,10 +417,31 @@ def roundtrip(data: Any) -> Any:
 # --------------------------------------------------------------------------------------------
 # Comparisons (judge side)
 # --------------------------------------------------------------------------------------------
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxdict = 3, 6, 6, 6
+_SHORT.maxset = _SHORT.maxfrozenset = 6
+_SHORT.maxstring, _SHORT.maxlong, _SHORT.maxother = 80, 40, 80
+
+
+def short(v: Any, n: int = 60) -> str:
+    """A bounded repr of an observed value, for a message: at most ``n`` characters, made without
+    building the whole repr (``reprlib``: a few items per level, a few levels), so a structure
+    huge in memory or a long string costs no more than a small one."""
+    if isinstance(v, torch.Tensor):
+        text = f"tensor of shape {tuple(v.shape)} ({v.dtype})"
+    else:
+        try:
+            text = _SHORT.repr(v)
+        except Exception as err:  # noqa: BLE001 - e.g. an int past Python's 4,300 digits
+            text = f"<{type(v).__name__}: {type(err).__name__}>"
+    return text if len(text) <= n else text[:n] + "..."
+
+
 def fmt(v: Any) -> str:
-    """A value for a message: an int with thousands separators (1,048,576), anything else as its repr."""
-    if isinstance(v, bool) or not isinstance(v, int):
-        return repr(v)
+    """A value for a message: an int with thousands separators (1,048,576), anything else as its
+    bounded repr (``short``)."""
+    if isinstance(v, bool) or not isinstance(v, int) or v.bit_length() > 128:
+        return short(v, 120)
     return f"{v:,}"
 
 
@@ -405,7 +451,7 @@ def describe(v: Any) -> str:
         return f"a tensor of shape {tuple(v.shape)} ({v.dtype})"
     if isinstance(v, (list, dict)):
         return f"a {type(v).__name__} of {len(v)}"
-    return f"{type(v).__name__} {v!r:.60}"
+    return f"{type(v).__name__} {short(v)}"
 
 
 def same(a: Any, b: Any) -> bool:
@@ -487,7 +533,7 @@ def expect_keys(label: str, got: Any, keys: Iterable[str], what: str = "keys") -
         raise CheckFailed(f"{label}: {len(missing)} of the {len(keys)} {what} missing: "
                           f"{', '.join(map(str, missing))}")
     if extra:
-        raise CheckFailed(f"{label}: unexpected {what}: {', '.join(repr(k)[:60] for k in extra[:5])}"
+        raise CheckFailed(f"{label}: unexpected {what}: {', '.join(short(k) for k in extra[:5])}"
                           + (f" (and {len(extra) - 5} more)" if len(extra) > 5 else "")
                           + f"; expected exactly {', '.join(keys)}")
     return got
@@ -510,8 +556,8 @@ def expect_items(label: str, got: Any, inputs: list, width: int = 1, what: str =
         if not isinstance(row, list) or len(row) != len(key) + width:
             raise CheckFailed(f"{label}: row {k + 1} is not [{what}, {width} value(s)]: {describe(row)}")
         if not same(row[:len(key)], list(key)):
-            raise CheckFailed(f"{label}: row {k + 1} is for {row[:len(key)]!r:.80}, not for the seed's "
-                              f"{list(key)!r:.80}: the observation does not cover this seed's {what}")
+            raise CheckFailed(f"{label}: row {k + 1} is for {short(row[:len(key)], 80)}, not for the seed's "
+                              f"{short(list(key), 80)}: the observation does not cover this seed's {what}")
         values.append(row[len(key)] if width == 1 else row[len(key):])
     return values
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..memory import SavedTensorMeter
 from ..unet import UNet3D
-from .core import (CheckFailed, Exercise, expect_equal, expect_int, expect_keys, expect_list, expect_str, reference,
+from .core import (CheckFailed, Exercise, expect_equal, expect_int, expect_keys, expect_list, expect_str, reference, short,
                    seeded, seeded_build)
 
 EX = Exercise("02", "A hook logger", names=("log_hooks", "biggest_saver"),
@@ -137,7 +137,7 @@ def _(got, seed):
     for k, (a, b) in enumerate(zip(rows, ref, strict=True)):
         if a[2] != b[2]:
             raise CheckFailed(f"row {k} {tuple(a[:2])}: counter() gave {b[2]:,} bytes at that hook, "
-                              f"your row has {a[2]!r}: read counter() inside the hook")
+                              f"your row has {short(a[2])}: read counter() inside the hook")
 
 
 @CLEAN.observe

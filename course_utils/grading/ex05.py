@@ -11,7 +11,7 @@ from torch import nn
 
 from ..memory import predict_step
 from ..unet import UNet3D, bn_relu, bn_relu_inplace
-from .core import CheckFailed, Exercise, answer, expect_close, expect_keys, reference
+from .core import CheckFailed, Exercise, answer, expect_close, expect_keys, reference, short
 
 EX = Exercise("05", "In-place ReLU", names=("answers", "fixed", "where_is_the_peak", "inplace_lowers_peak"))
 
@@ -145,14 +145,14 @@ def _(got, seed):
     for name in NETS:
         answer = got.get(name)
         if not (isinstance(answer, list) and len(answer) == 2 and all(isinstance(a, str) for a in answer)):
-            raise CheckFailed(f"{name}: return a pair of strings (phase, module name), got {answer!r:.80}")
+            raise CheckFailed(f"{name}: return a pair of strings (phase, module name), got {short(answer, 80)}")
         phase, module = answer
         ref_phase, ref_module, _ = peak_of(name, False)
         if phase not in PHASES and module in PHASES:
             raise CheckFailed(f"{name}: return (phase, module) -- phase first; peak_location gives "
                               "(module, phase)")
         if phase not in PHASES:
-            raise CheckFailed(f"{name}: the phase is one of {', '.join(PHASES)}, got {phase!r:.40}")
+            raise CheckFailed(f"{name}: the phase is one of {', '.join(PHASES)}, got {short(phase, 40)}")
         checkpointed = "checkpointed" in name
         if phase != ref_phase:
             why = ("; in a checkpointed net a module's forward runs a second time during backward "
@@ -168,7 +168,7 @@ def _(got, seed):
                    "peak_location" if outside or not checkpointed else
                    "; during backward a checkpointed module runs its forward again, and the peak "
                    "can be inside that recomputation")
-            raise CheckFailed(f"{name}: {module!r:.60} is not where the predicted peak is (the "
+            raise CheckFailed(f"{name}: {short(module, 60)} is not where the predicted peak is (the "
                               f"module running at the moment of .peak){why}")
 
 
@@ -184,7 +184,7 @@ def _(got, seed):
     for name in NETS:
         expected = peak_of(name, True)[2] < peak_of(name, False)[2]
         if not isinstance(got.get(name), bool):
-            raise CheckFailed(f"{name}: return True or False, got {got.get(name)!r:.80}")
+            raise CheckFailed(f"{name}: return True or False, got {short(got.get(name), 80)}")
         if got[name] != expected:
             wrong.append(name)
     if wrong:

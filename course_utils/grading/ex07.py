@@ -13,7 +13,7 @@ from ..checkpointing import SegmentedStack, checkpointed, deep_stack
 from ..memory import SavedTensorMeter, predict_step
 from ..unet import UNet3D
 from .core import (CheckFailed, Exercise, answer, expect_close, expect_equal, expect_grads_close, expect_int,
-                   expect_items, expect_keys, expect_list, expect_str, expect_tensor, expect_tensors, reference,
+                   expect_items, expect_keys, expect_list, expect_str, expect_tensor, expect_tensors, reference, short,
                    seeded, seeded_build)
 
 EX = Exercise("07", "Checkpointing", names=("encoder_forward", "best_segments", "checkpoint_plan"),
@@ -280,7 +280,7 @@ def _(got, seed):
     budgets = plan_budgets(seed)
     for budget, plan in zip(budgets, expect_items("checkpoint_plan", got, budgets, what="budgets"), strict=True):
         if not isinstance(plan, list):
-            raise CheckFailed(f"checkpoint_plan({budget:,}) must return a list of block names, got {plan!r:.80}")
+            raise CheckFailed(f"checkpoint_plan({budget:,}) must return a list of block names, got {short(plan, 80)}")
         for name in plan:
             expect_str(f"checkpoint_plan({budget:,}): a block name", name)
         if len(set(plan)) != len(plan):

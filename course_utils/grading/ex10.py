@@ -13,7 +13,7 @@ import functools
 import torch
 
 from .. import explorer
-from .core import CheckFailed, Exercise, answer, describe, expect_equal, expect_keys, expect_list, same, seeded
+from .core import CheckFailed, Exercise, answer, describe, expect_equal, expect_keys, expect_list, same, seeded, short
 
 EX = Exercise("10", "Design a configuration", names=("design",))
 
@@ -86,7 +86,7 @@ def designs(got, seed: int) -> list[dict]:
     for (volume, budget), case in zip(cases, got, strict=True):
         expect_keys(f"design({volume}, {budget})", case, ("volume", "budget", "config"))
         if not (same(case["volume"], list(volume)) and same(case["budget"], budget)):
-            raise CheckFailed(f"the observation is for design({case['volume']!r:.40}, {case['budget']!r:.20}), "
+            raise CheckFailed(f"the observation is for design({short(case['volume'], 40)}, {short(case['budget'], 20)}), "
                               f"not for the seed's design({volume}, {budget})")
     return got
 
