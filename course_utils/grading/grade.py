@@ -24,18 +24,22 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import multiprocessing.util
 import os
 import re
 import secrets
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from . import limits
 from .grader import Grader, Options, Result, clip_text, containment
+from .intake import clean, clean_text
 
 
 # --------------------------------------------------------------------------------------------
@@ -44,15 +48,30 @@ from .grader import Grader, Options, Result, clip_text, containment
 def notebooks_in(paths: list[str]) -> list[Path]:
     """The notebooks to grade: each path given, and the ``*.ipynb`` of each folder (hidden files
     left out); a path that does not exist raises FileNotFoundError."""
-    found: list[Path] = []
+    return [path for path, _root in submissions_in(paths)]
+
+
+def submissions_in(paths: list[str]) -> list[tuple[Path, Path]]:
+    """``notebooks_in``'s notebooks, each with its class folder: the folder given, or a file's own
+    folder (a link in it is followed only to a file inside it)."""
+    found: list[tuple[Path, Path]] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found += sorted(q for q in p.glob("*.ipynb") if not q.name.startswith("."))
-        elif p.exists():
-            found.append(p)
+            found += [(q, p) for q in sorted(p.glob("*.ipynb")) if not q.name.startswith(".")]
+        elif p.exists() or p.is_symlink():
+            found.append((p, p.parent))
         else:
             raise FileNotFoundError(f"{p}: no such file or folder")
     return found
+
+
+def report_names(found: list[tuple[Path, Path]]) -> list[str]:
+    """Each submission's name in the report: its path relative to the folder the class folders
+    share (one folder: the file's name), so two ``01_alice.ipynb`` from two folders are two names."""
+    if not found:
+        return []
+    base = os.path.commonpath([os.path.abspath(root) for _path, root in found])
+    return [os.path.relpath(os.path.abspath(path), base) for path, _root in found]
 
 
 def default_jobs(options: Options) -> tuple[int, str]:
@@ -100,70 +119,104 @@ def class_seeds(notebooks: list[Path], options: Options) -> list[int | None]:
 _WORKER: list = []
 
 
-def _worker_start(options: Options) -> None:
+def _worker_start(options: Options, workroot: str | None = None) -> None:
     limits.set_pdeathsig()  # a worker dies with the grader (and its runs with it: contain.py)
-    _WORKER.append(Grader(options))
+    _WORKER.append(Grader(options, workroot=workroot))
     # at the worker's exit: a pool's worker leaves through os._exit, which skips atexit's handlers
     multiprocessing.util.Finalize(_WORKER[0], _WORKER[0].close, exitpriority=10)
 
 
-def _worker_grade(path: str, seed: int | None) -> Result:
-    return _WORKER[0].grade(path, seed=seed)
+def _worker_grade(path: str, seed: int | None, name: str, root: str) -> Result:
+    return _WORKER[0].grade(path, seed=seed, name=name, root=root)
 
 
-def _failed(path: Path, err: BaseException) -> Result:
-    return Result(path.name, path.name[:2], status="not graded",
-                  notes=[f"the grader failed on this file ({type(err).__name__}: {clip_text(err, 300)}); grade it "
-                         "again alone, and report this if it persists"])
+def _failed(name: str, err: BaseException | str) -> Result:
+    why = err if isinstance(err, str) else f"{type(err).__name__}: {clip_text(err, 300)}"
+    return Result(clean_text(name), Path(name).name[:2], status="not graded",
+                  notes=[clean_text(f"the grader failed on this file ({why}); grade it again alone, and report "
+                                    "this if it persists")])
+
+
+def _pool(jobs: int, options: Options, workroot: str):
+    from concurrent.futures import ProcessPoolExecutor  # lazy: only a class graded in parallel needs it
+
+    return ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_worker_start, initargs=(options, workroot))
+
+
+def _grade_in_pools(jobs: int, todo: list[int], args: list[tuple], options: Options, workroot: str,
+                    results: list, bar) -> None:
+    """Grade submissions ``todo`` (``args[i]``: path, seed, name, root) in a pool of ``jobs``
+    workers; after a worker died (the machine's OOM killer), each submission left gets a fresh
+    worker of its own, and one that kills that worker too is listed as not graded -- the
+    grader's own process never grades it, so it can never take the class's report with it."""
+    from concurrent.futures import as_completed  # lazy: as _pool
+    from concurrent.futures.process import BrokenProcessPool  # lazy: as _pool
+
+    def run(indices: list[int], n: int) -> bool:
+        broken = False
+        try:
+            with _pool(n, options, workroot) as pool:
+                futures = {pool.submit(_worker_grade, *args[i]): i for i in indices}
+                for fut in as_completed(futures):
+                    i = futures[fut]
+                    try:
+                        results[i] = fut.result()
+                    except BrokenProcessPool:
+                        broken = True
+                        break
+                    except Exception as err:  # noqa: BLE001 - the worker's own failure: this file's note
+                        results[i] = _failed(args[i][2], err)
+                    bar.update()
+        except BrokenProcessPool:
+            broken = True
+        return broken
+
+    run(todo, jobs)
+    for i in [i for i in todo if results[i] is None]:
+        if run([i], 1) and results[i] is None:
+            results[i] = _failed(args[i][2], "its worker process died twice while grading it, most likely "
+                                 "killed for memory by the system")
+            bar.update()
 
 
 def grade_many(paths: list[str], options: Options | None = None, progress: bool = True) -> list[Result]:
     """Grade every notebook under ``paths``: ``options.jobs`` at a time (default: ``default_jobs``),
-    each worker a grader of its own (its imports and references computed once)."""
+    each worker a grader of its own (its imports and references computed once); every grader's
+    working folder is inside one folder for the class, removed at the end."""
     from tqdm.auto import tqdm
 
     options = options or Options()
-    notebooks = notebooks_in(paths)
-    if not notebooks:
+    found = submissions_in(paths)
+    if not found:
         raise FileNotFoundError(f"no notebooks (*.ipynb) in {', '.join(paths)}")
+    notebooks = [path for path, _root in found]
     seeds = class_seeds(notebooks, options)
+    args = [(str(path), seed, name, str(root))
+            for (path, root), seed, name in zip(found, seeds, report_names(found), strict=True)]
     jobs = min(options.jobs or default_jobs(options)[0], len(notebooks))
     if jobs > 1 and options.threads is None:
         options = replace(options, threads=max(1, _cores() // jobs))
     bar = tqdm(total=len(notebooks), desc="grading", unit="notebook", disable=not progress)
     results: list[Result | None] = [None] * len(notebooks)
-    todo = list(range(len(notebooks)))
-    if jobs > 1:
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-        from concurrent.futures.process import BrokenProcessPool
-
-        try:
-            with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
-                                     initializer=_worker_start, initargs=(options,)) as pool:
-                futures = {pool.submit(_worker_grade, str(notebooks[i]), seeds[i]): i for i in todo}
-                for fut in as_completed(futures):
+    workroot = tempfile.mkdtemp(prefix="course-grader-class-")
+    try:
+        if jobs > 1:
+            _grade_in_pools(jobs, list(range(len(notebooks))), args, options, workroot, results, bar)
+        else:
+            grader = Grader(options, workroot=workroot)
+            try:
+                for i, (path, seed, name, root) in enumerate(args):
                     try:
-                        results[futures[fut]] = fut.result()
-                    except BrokenProcessPool:
-                        break
-                    except Exception as err:  # noqa: BLE001 - the worker's own failure: this file's note
-                        results[futures[fut]] = _failed(notebooks[futures[fut]], err)
+                        results[i] = grader.grade(path, seed=seed, name=name, root=root)
+                    except Exception as err:  # noqa: BLE001 - grade() notes its own failures; a last resort
+                        results[i] = _failed(name, err)
                     bar.update()
-        except BrokenProcessPool:
-            pass
-        todo = [i for i in todo if results[i] is None]  # a worker died (the machine's OOM killer): again, alone
-    if todo:
-        grader = Grader(options)
-        try:
-            for i in todo:
-                try:
-                    results[i] = grader.grade(notebooks[i], seed=seeds[i])
-                except Exception as err:  # noqa: BLE001 - grade() notes its own failures; this is a last resort
-                    results[i] = _failed(notebooks[i], err)
-                bar.update()
-        finally:
-            grader.close()
-    bar.close()
+            finally:
+                grader.close()
+    finally:
+        shutil.rmtree(workroot, ignore_errors=True)
+        bar.close()
     return [r for r in results if r is not None]
 
 
@@ -194,15 +247,33 @@ CSV_COLUMNS = ["submission", "exercise", "status", "score", "max_score", "percen
 
 
 def write_csv(results: list[Result], path: str | Path) -> None:
-    """Write the class report to ``path``: one row per submission with its score, the parts it
-    failed and why, the grader's notes and the inputs' seed."""
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(CSV_COLUMNS)
-        for r in results:
-            failed = [f"{p['name']}: {p['message']}" for p in r.parts if p["score"] < p["points"]]
-            w.writerow([r.submission, r.exercise, r.status, r.score, r.max_score, r.percent,
-                        " | ".join(failed), " | ".join(r.notes), r.seed])
+    """Write the class report to ``path`` (whole or not at all): one row per submission with its
+    score, the parts it failed and why, the grader's notes and the inputs' seed."""
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(CSV_COLUMNS)
+    for r in results:
+        failed = [f"{p['name']}: {p['message']}" for p in r.parts if p["score"] < p["points"]]
+        w.writerow(clean([r.submission, r.exercise, r.status, r.score, r.max_score, r.percent,
+                          " | ".join(failed), " | ".join(r.notes), r.seed]))
+    _write_atomic(path, buf.getvalue())
+
+
+def write_json(results: list[Result], path: str | Path) -> None:
+    """Write every detail of the class run to ``path`` (whole or not at all)."""
+    _write_atomic(path, json.dumps([clean(r.as_dict()) for r in results], indent=2))
+
+
+def _write_atomic(path: str | Path, text: str) -> None:
+    """``text`` into ``path`` through a temporary file renamed over it: a reader (or a grader
+    stopped half-way) never sees half a report."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8", newline="")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _prepare_output(path: str | None, what: str) -> Path | None:
@@ -264,18 +335,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     jobs, why = (opts.jobs, f"{opts.jobs} at a time (--jobs)") if opts.jobs else default_jobs(opts)
     t0 = time.monotonic()
-    results = grade_many([str(n) for n in notebooks], opts, progress=not args.no_progress)
-    print(summary(results))
+    results = grade_many(args.paths, opts, progress=not args.no_progress)
+    if json_path:  # the reports first: nothing printed after can cost the class its results
+        write_json(results, json_path)
+    if csv_path:
+        write_csv(results, csv_path)
+    print(clean_text(summary(results)))
     abi = limits.landlock_abi() if opts.landlock else 0
     contained, how = containment() if opts.contain else (False, "switched off")
     print(f"sandbox: {'Landlock ABI ' + str(abi) if abi else 'no Landlock (see docs/teaching.md)'}; processes: "
           + ("each run in its own PID namespace and /dev/shm" if contained else
              f"subreaper sweep, shared /dev/shm swept after each run (namespaces: {how})")
           + f"; {why}; {len(results)} notebook(s) in {time.monotonic() - t0:.0f} s")
-    if json_path:
-        json_path.write_text(json.dumps([r.as_dict() for r in results], indent=2))
-    if csv_path:
-        write_csv(results, csv_path)
     return 0
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from . import limits
 from .core import PartResult, Raised
+from .intake import Unreadable, clean, memory_window, observation_problem, read_submission
 from .kernel_launch import write_kernel_spec
 from .notebook_code import code_cells
 from .registry import MODULES, load_all
@@ -166,12 +167,14 @@ class Grader:
     """Grades submissions one at a time; create once per class (it snapshots ``course_utils``
     and imports every check before any submission runs)."""
 
-    def __init__(self, options: Options | None = None):
+    def __init__(self, options: Options | None = None, workroot: str | Path | None = None):
+        """``workroot``: the folder its working folder goes in (``grade_many``'s folder for the
+        class, removed at the end even if this grader's process is killed); default: the system's."""
         self.opts = options or Options()
         self.exercises = load_all()
         _import_everything()
         self.package = _snapshot(PACKAGE_DIR)
-        self.workdir = Path(tempfile.mkdtemp(prefix="course-grader-"))
+        self.workdir = Path(tempfile.mkdtemp(prefix="course-grader-", dir=workroot))
         os.chmod(self.workdir, 0o700)
         self.release = _release_package(self.workdir / "release")  # what the notebook run imports
         self._libs: dict[str, dict[str, bytes]] = {}
@@ -231,26 +234,30 @@ class Grader:
         return env
 
     # -- one submission ---------------------------------------------------------------------------
-    def grade(self, path: str | Path, seed: int | None = None) -> Result:
-        """Grade one submission. ``seed``: its inputs (default: ``Options.seed``, else a new one)."""
-        path = Path(path)
+    def grade(self, path: str | Path, seed: int | None = None, name: str | None = None,
+              root: str | Path | None = None) -> Result:
+        """Grade one submission. ``seed``: its inputs (default: ``Options.seed``, else a new one);
+        ``name``: the report's name for it (default: the file's name); ``root``: the class folder
+        (a link in it is followed only to a file inside it). Every text of the result is
+        sanitised (``intake.clean``): nothing a learner wrote can stop the report."""
+        return _clean(self._grade_file(Path(path), seed, name or Path(path).name, root))
+
+    def _grade_file(self, path: Path, seed: int | None, name: str, root) -> Result:
         t0 = time.monotonic()
         try:
             nn_id = exercise_id(path)
         except ValueError as err:
-            return Result(path.name, "?", status="not graded", notes=[str(err)])
+            return Result(name, "?", status="not graded", notes=[str(err)])
         ex = self.exercises[nn_id]
         if seed is None:
             seed = self.opts.seed if self.opts.seed is not None else secrets.randbelow(2**31)
-        result = Result(path.name, nn_id, ex.title, max_score=ex.max_score, seed=seed,
+        result = Result(name, nn_id, ex.title, max_score=ex.max_score, seed=seed,
                         parts=[_unchecked(p) for p in ex.parts])
         try:
-            data = limits.read_regular(path, 64 * 2**20)
-            import nbformat
-
-            nbformat.reads(data.decode(), as_version=4)
-        except Exception as err:  # noqa: BLE001 - not a notebook at all
-            result.notes.append(f"unreadable notebook: {type(err).__name__}: {clip_text(err, 300)}")
+            data, result.notes = read_submission(path, root)
+        except Unreadable as err:  # not a notebook: listed apart, never counted as a 0
+            result.status = "not graded"
+            result.notes = [f"unreadable: {err}"]
             for p in result.parts:
                 p["message"] = "not checked: the file is not a readable notebook"
             return result
@@ -514,7 +521,12 @@ class Grader:
             if p.key not in observations:
                 parts.append(_unchecked(p))
                 continue
-            parts.append(ex.judge(p.key, observations[p.key], seed).as_dict())
+            try:  # a judge's memory is bounded: one observation can only lose its own part
+                with memory_window(self.opts.memory_bytes):
+                    parts.append(ex.judge(p.key, observations[p.key], seed).as_dict())
+            except MemoryError:
+                parts.append(dict(_unchecked(p), message=f"judging this result needed more than "
+                                  f"{self.opts.memory_gib:g} GiB: it is too large to check"))
         result.parts = parts
         result.score = sum(p["score"] for p in parts)
 
@@ -577,6 +589,11 @@ def _cell_notes(report: dict, opts: Options) -> list[str]:
     return notes
 
 
+def _clean(result: Result) -> Result:
+    """``result`` with every text sanitised (``intake.clean``): names, notes, messages, sources."""
+    return Result(**clean(asdict(result)))
+
+
 def _unchecked(part) -> dict:
     """A part's entry before (or without) its judgement."""
     return PartResult(part.key, part.name, part.points, message="not checked").as_dict()
@@ -593,10 +610,12 @@ def _load_observation(path: Path):
 
     try:
         data = limits.read_regular(path, OBSERVATION_BYTES)  # never through a link, never a device
-        return torch.load(io.BytesIO(data), weights_only=True)
+        obj = torch.load(io.BytesIO(data), weights_only=True)
     except Exception as err:  # noqa: BLE001 - not data: a planted file, a link, a partial write
         return Raised("Unreadable", f"the observation could not be read as data ({type(err).__name__})",
                       "crashed").to_data()
+    problem = observation_problem(obj)  # before any judge walks or prints it
+    return obj if problem is None else Raised("TooLarge", problem, "check").to_data()
 
 
 def _read_json(path: Path):

@@ -17,7 +17,8 @@ run, and is listed in ``Rebuilt.dropped`` with the reason. When a graded part fa
 statement failed to set, ``Rebuilt.explain`` names the statement and why (``Exercise.observe``
 adds it to the part's message).
 
-A graded name must be a function or class whose code is in the notebook: one imported from
+A graded name must be a function or class whose code is in the notebook, or an instance of such
+a class that can be called (``tensor_nbytes = Sizer()``, graded as the function it is): one imported from
 ``course_utils`` (or anywhere else) is refused, whatever the kernel did while the notebook ran.
 A decorated function (``@functools.lru_cache``, ``@torch.no_grad()``, a decorator of the
 notebook's own) is graded when its ``__wrapped__`` chain ends in a notebook function and every
@@ -560,6 +561,8 @@ def graded_objects(rebuilt: Rebuilt, names) -> GradedObjects:
             mine = obj.__module__ == ns["__name__"]
         elif inspect.isfunction(obj) and _in_notebook(obj):
             mine = True
+        elif callable(obj) and type(obj).__module__ == ns["__name__"]:
+            mine = True  # an instance of a notebook class with __call__ (tensor_nbytes = Sizer()): called as a function is
         else:
             inner, why = _wrapped_function(obj)
             mine = inner is not None
@@ -572,7 +575,8 @@ def graded_objects(rebuilt: Rebuilt, names) -> GradedObjects:
             continue
         out[name] = obj
         try:
-            rebuilt.sources[name] = inspect.getsource(obj)
+            shown = obj if isinstance(obj, type) or inspect.isfunction(obj) or hasattr(obj, "__wrapped__") else type(obj)
+            rebuilt.sources[name] = inspect.getsource(shown)
         except (OSError, TypeError):
             pass
     return out
