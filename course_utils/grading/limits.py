@@ -4,7 +4,13 @@ cgroups (standard library only: this module runs before anything else in a sandb
 * ``apply_rlimits`` -- address space (memory), file size, no core dumps (``resource.setrlimit``);
 * ``landlock`` -- Linux's unprivileged sandbox (Landlock, kernel 5.13+): the process and its
   children may read the system, Python and its packages and their scratch folder, and write
-  only the scratch folder; they cannot signal or ptrace processes outside it (ABI 6+);
+  only the scratch folder; they cannot signal or ptrace processes outside it (ABI 6+).
+  In ``/dev`` (RAM, outside the disk limit, and writable by root, as a grader in a container or
+  a cloud VM runs): files are made and removed only in ``/dev/shm`` (shared memory and POSIX
+  semaphores: ``multiprocessing``; contain.py makes it the run's own), and only the device files
+  of ``DEVICE_FILES`` -- ``/dev/null`` and its kin, the terminal and pseudo-terminals, the GPUs --
+  are opened for writing, by file-level rules (read, write, truncate, ioctl; nothing created,
+  removed or renamed in ``/dev``); nothing else there is read or written (not a disk either);
 * ``subreaper`` / ``descendants`` / ``kill_new_descendants`` -- while a submission runs, the
   grader becomes the parent of every orphan its children leave (``PR_SET_CHILD_SUBREAPER``), so
   a double-forked or ``setsid`` process is still found and killed before the submission's result
@@ -22,6 +28,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import glob
 import os
 import platform
 import resource
@@ -48,8 +55,12 @@ _SYS_CREATE, _SYS_ADD_RULE, _SYS_RESTRICT = 444, 445, 446  # the same on x86_64 
 _PR_SET_NO_NEW_PRIVS = 38
 _RULE_PATH_BENEATH = 1
 _EXECUTE, _WRITE_FILE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+_TRUNCATE, _IOCTL_DEV = 1 << 14, 1 << 15  # ABI 3, ABI 5
 _FS_BITS_BY_ABI = {1: 13, 2: 14, 3: 15, 4: 15, 5: 16}  # number of fs access bits per ABI
-_FILE_ONLY = _EXECUTE | _WRITE_FILE | _READ_FILE | (1 << 14) | (1 << 15)  # rights valid on a file
+_FILE_ONLY = _EXECUTE | _WRITE_FILE | _READ_FILE | _TRUNCATE | _IOCTL_DEV  # rights valid on a file
+# a device file's rights: open to read and write (O_TRUNC too: a shell's > /dev/null) and ioctl;
+# on a folder of devices (/dev/pts), the same on the files in it and listing it, never make one
+_DEVICE = _READ_FILE | _WRITE_FILE | _TRUNCATE | _IOCTL_DEV | _READ_DIR
 _SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
 
 
@@ -92,11 +103,27 @@ def python_read_paths() -> list[str]:
 
 
 SYSTEM_READ = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/proc", "/sys"]
-SYSTEM_WRITE = ["/dev"]
+#: the only folder of /dev where a run makes and removes files (never all of /dev: a root run
+#: would leave a file in the machine's RAM, outside the disk limit, after the class)
+SYSTEM_WRITE = ["/dev/shm"]
+#: device files a run opens for reading and writing (patterns; what exists when it starts), by
+#: file-level rules: ``/dev/pts``, ``/dev/nvidia-caps`` and ``/dev/dri`` are folders whose rule
+#: covers the device files in them, which no run can make (``_DEVICE`` has no right to make one).
+#: ``/dev/pts`` is needed for a new pseudo-terminal (``os.openpty``, IPython's ``!command``): the
+#: kernel opens its other end by path, so the rule also reaches the machine's other terminals
+DEVICE_FILES = ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty",
+                "/dev/ptmx", "/dev/pts", "/dev/nvidia*", "/dev/nvidia-caps", "/dev/kfd", "/dev/dri"]
 
 
-def landlock(read: list[str], write: list[str], scope: bool = True) -> str:
-    """Restrict this process (and what it starts) to reading ``read`` and writing ``write``.
+def device_files(patterns: list[str] = DEVICE_FILES) -> list[str]:
+    """The paths of ``patterns`` that exist here (``/dev/nvidia0``, ``/dev/nvidiactl``, ...)."""
+    return sorted({p for pattern in patterns for p in glob.glob(pattern)})
+
+
+def landlock(read: list[str], write: list[str], scope: bool = True, devices: list[str] = ()) -> str:
+    """Restrict this process (and what it starts) to reading ``read``, writing ``write`` (files
+    and folders made and removed there too) and reading and writing the device files ``devices``
+    (file-level rights: nothing made, removed or renamed there).
 
     Returns a description of what is enforced; raises OSError if Landlock fails midway."""
     abi = landlock_abi()
@@ -111,7 +138,7 @@ def landlock(read: list[str], write: list[str], scope: bool = True) -> str:
         raise OSError(ctypes.get_errno(), f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
     try:
         read_rights = _EXECUTE | _READ_FILE | _READ_DIR
-        for paths, rights in ((read, read_rights), (write, all_fs)):
+        for paths, rights in ((read, read_rights), (write, all_fs), (devices, _DEVICE)):
             for p in paths:
                 if not os.path.exists(p):
                     continue
@@ -132,7 +159,7 @@ def landlock(read: list[str], write: list[str], scope: bool = True) -> str:
     finally:
         os.close(fd)
     scoped = " and cannot signal processes outside it" if scope and abi >= 6 else ""
-    return f"Landlock ABI {abi}: writes only to its scratch folder{scoped}"
+    return f"Landlock ABI {abi}: writes only to its scratch folder, /dev/shm and device files such as /dev/null{scoped}"
 
 
 def sandbox_self(scratch: str, memory_bytes: int | None, file_bytes: int | None,
@@ -143,7 +170,7 @@ def sandbox_self(scratch: str, memory_bytes: int | None, file_bytes: int | None,
         return "not used (switched off)"
     read = SYSTEM_READ + python_read_paths() + list(extra_read) + [scratch]
     try:
-        return landlock(read, SYSTEM_WRITE + [scratch])
+        return landlock(read, SYSTEM_WRITE + [scratch], devices=device_files())
     except OSError as err:
         return f"not enforced ({err})"
 
