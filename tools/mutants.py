@@ -570,6 +570,16 @@ MUTANTS += [
       "        pass",
       "the diagnosis leaves cuDNN's autotuner or cuDNN itself off for every later task"),
 ]
+INTAKE, INTAKE_TESTS = CU + "grading/intake.py", ("tests/test_grading_intake.py",)  # module "grading"; fast tests
+MUTANTS += [
+    M("intake-outputs-counted", INTAKE, "    if _drop_outputs(nb):", "    if False:",
+      "a notebook's saved outputs count against the 64 MiB cap on code", tests=INTAKE_TESTS),
+    M("intake-shared-leaves-once", INTAKE, "            depth, leaves = max(depth, d + 1), leaves + n",
+      "            depth, leaves = max(depth, d + 1), leaves + (n if n == 1 else 1)",
+      "an observation's shared children counted once: 2^60 leaves pass as 120", tests=INTAKE_TESTS),
+    M("intake-surrogates-kept", INTAKE, '        text = text.encode("utf-8", "backslashreplace").decode("utf-8")',
+      "        pass", "a lone surrogate in a learner's text reaches the report's print", tests=INTAKE_TESTS),
+]
 
 # --------------------------------------------------------------------------------------------
 # Running them
