@@ -21,6 +21,7 @@ a yes/no): its messages never show the expected value.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import math
 import numbers
@@ -630,13 +631,31 @@ def seeded_build(build: Callable[[], Any], generator: torch.Generator) -> Any:
         return build()
 
 
+#: the recorders of the calls of ``@reference`` and ``@answer`` functions, innermost last
+#: (``expected.Recorder``, while the student release is built); empty otherwise
+RECORDERS: list = []
+
+
+def _recordable(kind: str, fn: Callable) -> Callable:
+    """``fn``, its calls passed through the innermost recorder while there is one."""
+
+    def call(*args, **kwargs):
+        if RECORDERS:
+            return RECORDERS[-1].call(kind, fn, args, kwargs)
+        return fn(*args, **kwargs)
+
+    return functools.update_wrapper(call, fn)
+
+
 def reference(fn: Callable) -> Callable:
     """Marks a function that computes a reference: the grader's sandbox, where learner code runs,
-    gets a copy of this package with such bodies removed."""
-    return fn
+    gets a copy of this package with such bodies removed; the student release replaces them by a
+    lookup in their results recorded for the notebooks' checks (``expected``). The outermost
+    decorator (above ``lru_cache``), so that a recorder sees every call."""
+    return _recordable("reference", fn)
 
 
 def answer(fn: Callable) -> Callable:
     """Marks a reference that *is* the answer of a secret part: removed from the sandbox and from
     the student release (whose notebooks then leave that part to the teacher's grader)."""
-    return fn
+    return _recordable("answer", fn)

@@ -4,6 +4,7 @@ memory formula derived by reasoning."""
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -27,9 +28,18 @@ class SigmoidNet(nn.Sequential):
                          nn.Tanh(), nn.Conv3d(4, 1, 3, padding=1))
 
 
-def sigmoid_net_step(n: int):
-    """The predicted step of ``SigmoidNet`` at N (forward, MSE loss, backward; no optimizer)."""
-    return predict_step(SigmoidNet, (1, 1, n, n, n), (1, 1, n, n, n), optimizer=None)
+@dataclass(frozen=True)
+class SigmoidStep:
+    """What ``sigmoid_net_step`` tells of ``SigmoidNet``'s predicted step at N: its peak (bytes).
+    Only the peak: the bytes the step saves for backward are the formula part's answer."""
+
+    n: int
+    peak: int
+
+
+def sigmoid_net_step(n: int) -> SigmoidStep:
+    """The predicted peak of ``SigmoidNet``'s step at N (forward, MSE loss, backward; no optimizer)."""
+    return SigmoidStep(n, predict_step(SigmoidNet, (1, 1, n, n, n), (1, 1, n, n, n), optimizer=None).peak)
 
 
 def _budgets(seed: int, salt: int, low_mib: int, high_mib: int) -> list[int]:
@@ -179,7 +189,9 @@ def _(saved_formula, seed):
 @answer
 @functools.lru_cache(maxsize=None)
 def sigmoid_saved(n: int) -> int:
-    return sigmoid_net_step(n).saved_peak
+    """The bytes ``SigmoidNet``'s predicted step at N saves for backward (their peak): the formula
+    part's answer, which ``sigmoid_net_step``, the learners' helper, does not tell."""
+    return predict_step(SigmoidNet, (1, 1, n, n, n), (1, 1, n, n, n), optimizer=None).saved_peak
 
 
 @FORMULA.judge
@@ -221,4 +233,4 @@ def check_sigmoid_net(saved_formula, largest_n_sigmoid, verbose: bool = True):
                   verbose=verbose)
 
 
-__all__ = ["SigmoidNet", "sigmoid_net_step", "check_limit_test", "check_sigmoid_net", "GiB"]
+__all__ = ["SigmoidNet", "SigmoidStep", "sigmoid_net_step", "check_limit_test", "check_sigmoid_net", "GiB"]

@@ -255,11 +255,14 @@ def plan_saved(plan: frozenset) -> int:
 
 @reference
 def fewest_blocks(budget: int) -> int:
-    """The fewest checkpointed blocks that fit ``budget`` (smallest plans first)."""
-    for k in range(len(BLOCKS) + 1):
-        if any(plan_saved(frozenset(c)) <= budget for c in itertools.combinations(BLOCKS, k)):
-            return k
-    raise ValueError(f"no plan fits {budget:,} bytes")
+    """The fewest checkpointed blocks that fit ``budget``. Every plan is measured (cached: half a
+    CPU-second for the 32): the student release's recording of ``plan_saved`` then holds every
+    plan, so its check judges whichever plan a learner returns."""
+    fits = [k for k in range(len(BLOCKS) + 1) for c in itertools.combinations(BLOCKS, k)
+            if plan_saved(frozenset(c)) <= budget]
+    if not fits:
+        raise ValueError(f"no plan fits {budget:,} bytes")
+    return min(fits)
 
 
 PLAN = EX.part("plan", "checkpoint_plan: fits the budget with the fewest checkpointed blocks", 2,

@@ -9,7 +9,11 @@ them). Learners who clone it can copy them; for graded work hand out this releas
   them, see docs/teaching.md), and with the bodies of the grading functions marked ``@answer``
   removed: the values of the reasoning parts (a segment count, a batch size, which ops are safe,
   a formula) are nowhere in the release. Those parts say "checked by your teacher's grader" in
-  the learner's notebook; every other part still checks itself;
+  the learner's notebook. Every ``@reference`` body (a reference's source is often the answer of
+  a code part) is a lookup in ``grading/expected_seed0.pt``: the references' results recorded
+  here for the inputs of the notebooks' checks, seed 0 (``record_expected``: each solution
+  rebuilt, observed and judged; see ``expected``). So every other part still checks itself in
+  the notebook, and nothing in the release computes a reference for another seed (the grader's);
 * a README and a Makefile of its own (``release_files/``: the notebook table is made from the
   notebooks, the parts from the grading modules), ``check_exercises.py`` (``make check``), the
   install files (``pyproject.toml`` with the notebooks and exercises as its test paths,
@@ -17,8 +21,9 @@ them). Learners who clone it can copy them; for graded work hand out this releas
   ``docs/gpu-runs/`` (the GPU run a notebook links to);
 * no ``solutions/``, no ``tests/`` (they hold the answers), no ``docs/teaching.md``.
 
-``check_release`` reports answers found in the release, and a README or Makefile that links to,
-names or runs a file or make target the release does not contain.
+``check_release`` reports answers found in the release (a solution's line, an ``@answer`` or
+``@reference`` body kept, no recording), and a README or Makefile that links to, names or runs a
+file or make target the release does not contain.
 
 ``--nbgrader-course DIR`` instead lays out an nbgrader course (``source/exNN/`` with the solution
 notebooks, ``nbgrader_config.py``, a ``course_utils`` copy) on which ``nbgrader generate_assignment
@@ -28,6 +33,9 @@ exNN`` and ``nbgrader autograde exNN`` run as they are.
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
+import io
 import json
 import re
 import shutil
@@ -36,10 +44,15 @@ import sys
 from pathlib import Path
 
 import nbformat
+import torch
 
 from ..markdown import CODE, links
+from ..session_cache import shared
+from .core import roundtrip
+from .expected import FILE, SEED, Recorder
 from .generate import ROOT, SolutionFormatError, make_exercise
 from .registry import exercise
+from .sandbox import observe_notebook
 from .strip import strip_source
 
 #: the release's own README (a template: the tables are made by write_readme), Makefile and
@@ -72,18 +85,60 @@ def _ignore(_dir, names):
     return [n for n in names if n in ("__pycache__", "templates", "release_files") or n.endswith((".pyc", ".pyo"))]
 
 
-def release_course_utils(src: Path, dest: Path) -> list[str]:
-    """Copy course_utils without the ``@answer`` bodies; returns the files changed."""
+def release_course_utils(src: Path, dest: Path, expected: dict | None = None) -> list[str]:
+    """Copy course_utils without the ``@answer`` bodies, each ``@reference`` body a lookup in
+    ``expected`` (``record_expected``'s recording, written beside them; None: no recording, every
+    lookup refused -- the grader's notebook run, whose check cells do nothing); returns the files
+    changed."""
     shutil.copytree(src, dest, ignore=_ignore)
     changed = []
-    for path in sorted((dest / "grading").glob("ex*.py")):
+    for path in sorted((dest / "grading").glob("ex[0-9][0-9].py")):
         text = path.read_text()
-        if "@answer" not in text:
+        if "@answer" not in text and "@reference" not in text:
             continue
         path.write_text(strip_source(text, strip_marked={"answer"},
-                                     marked_message="not in the student release: your teacher's grader checks this part"))
+                                     marked_message="not in the student release: your teacher's grader checks this part",
+                                     recorded={"reference"}, module=f"{src.name}.grading.{path.stem}"))
         changed.append(str(path.relative_to(dest.parent)))
+    if expected is not None:
+        torch.save(expected, dest / "grading" / FILE)
     return changed
+
+
+def recorded_parts(nn_id: str, module: Path) -> list[str]:
+    """The parts of exercise ``nn_id`` (grading module ``module``) the release checks with recorded
+    results: those whose judge uses a ``@reference``, neither secret nor ``teacher_checked``."""
+    keys = parts_using(module, {"reference"}) - teacher_checked(module)
+    return [p.key for p in exercise(nn_id).parts if p.key in keys and not p.secret]
+
+
+def record_expected(root: Path = ROOT, seed: int = SEED) -> Recorder:
+    """The references' results for ``seed``: for each exercise, its solution rebuilt and observed
+    once for all the parts of ``recorded_parts``, and their judges run with a ``Recorder`` on.
+    RuntimeError when the solution fails one of them (its recording would be wrong)."""
+    recorder = Recorder()
+    for sol in sorted((root / "solutions").glob("[0-9][0-9]_*.ipynb")):
+        nn_id = sol.name[:2]
+        ex = exercise(nn_id)
+        keys = recorded_parts(nn_id, root / "course_utils" / "grading" / f"ex{nn_id}.py")
+        if not keys:
+            continue
+        with contextlib.redirect_stdout(io.StringIO()):  # the solution's own prints
+            observed = observe_notebook(nbformat.read(sol, as_version=4), nn_id, keys, seed)
+            with recorder:
+                results = [ex.judge(key, roundtrip(observed[key]), seed) for key in keys]
+        failed = [f"{r.key}: {r.message}" for r in results if not r.passed]
+        if failed:
+            raise RuntimeError(f"{sol.relative_to(root)} fails at seed {seed}, so its references' results "
+                               f"cannot be recorded for the release: {'; '.join(failed)}")
+    return recorder
+
+
+@shared("release-recording")
+def recording(root: str, seed: int = SEED) -> dict:
+    """``record_expected(root, seed).data()``: computed once per test session (``session_cache``:
+    several tests build the release), each time elsewhere."""
+    return record_expected(Path(root), seed).data()
 
 
 def clean_notebook(path: Path, dest: Path) -> None:
@@ -121,7 +176,7 @@ def release(out: Path, root: Path = ROOT, force: bool = False) -> dict:
     for sol in sorted((root / "solutions").glob("[0-9][0-9]_*.ipynb")):
         nb = make_exercise(nbformat.read(sol, as_version=4), sol.name)
         nbformat.write(nb, out / "exercises" / sol.name)
-    stripped = release_course_utils(root / "course_utils", out / "course_utils")
+    stripped = release_course_utils(root / "course_utils", out / "course_utils", recording(str(root)))
     for name in KEEP_FILES:
         if (root / name).exists():
             shutil.copy2(root / name, out / name)
@@ -175,32 +230,36 @@ def teacher_checked(module: Path) -> set[str]:
     """The keys of the parts of grading module ``module`` (``exNN.py``) whose judge uses a function
     marked ``@answer``, directly or through the module's other functions: the release removes
     those bodies, so its check cells say "checked by your teacher's grader" for these parts."""
-    import ast
+    return parts_using(module, {"answer"})
 
+
+def parts_using(module: Path, marks: set[str]) -> set[str]:
+    """The keys of the parts of grading module ``module`` whose judge uses a function decorated
+    with one of ``marks`` (``answer``, ``reference``), directly or through the module's other functions."""
     tree = ast.parse(module.read_text())
-    parts, functions, answers, judges = {}, {}, set(), []
+    parts, functions, marked, judges = {}, {}, set(), []
     for node in tree.body:
         if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
                 and isinstance(node.value.func, ast.Attribute) and node.value.func.attr == "part"
                 and node.value.args and isinstance(node.value.args[0], ast.Constant)):
             parts.update({t.id: node.value.args[0].value for t in node.targets if isinstance(t, ast.Name)})
         elif isinstance(node, ast.FunctionDef):
-            if any(isinstance(d, ast.Name) and d.id == "answer" for d in node.decorator_list):
-                answers.add(node.name)
+            if any(isinstance(d, ast.Name) and d.id in marks for d in node.decorator_list):
+                marked.add(node.name)
             judges += [(d.value.id, node) for d in node.decorator_list if isinstance(d, ast.Attribute)
                        and d.attr == "judge" and isinstance(d.value, ast.Name)]
             if node.name != "_":
                 functions[node.name] = node
 
-    def uses_answer(node, seen: set[str]) -> bool:
+    def uses(node, seen: set[str]) -> bool:
         names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-        if names & answers:
+        if names & marked:
             return True
         todo = (names & functions.keys()) - seen
         seen |= todo
-        return any(uses_answer(functions[name], seen) for name in todo)
+        return any(uses(functions[name], seen) for name in todo)
 
-    return {parts[var] for var, node in judges if var in parts and uses_answer(node, set())}
+    return {parts[var] for var, node in judges if var in parts and uses(node, set())}
 
 
 def notebook_rows(out: Path) -> list[str]:
@@ -259,7 +318,8 @@ def write_readme(out: Path, root: Path = ROOT) -> Path:
 
 def check_release(out: Path, root: Path = ROOT) -> list[str]:
     """What is wrong with the release ``out``: lines of the solutions' answer regions found in it,
-    and (``check_release_files``) a README or Makefile that names what it does not contain."""
+    an ``@answer`` or ``@reference`` body kept, no recording of the references' results, and
+    (``check_release_files``) a README or Makefile that names what it does not contain."""
     answers = set()
     for sol in sorted((root / "solutions").glob("[0-9][0-9]_*.ipynb")):
         for cell in nbformat.read(sol, as_version=4).cells:
@@ -274,16 +334,17 @@ def check_release(out: Path, root: Path = ROOT) -> list[str]:
     leaks = []
     if (out / "solutions").exists() or (out / "tests").exists():
         leaks.append("solutions/ or tests/ in the release")
-    import ast
-
-    for path in (out / "course_utils" / "grading").glob("ex*.py"):
+    for path in (out / "course_utils" / "grading").glob("ex[0-9][0-9].py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.FunctionDef) and any(
-                    isinstance(d, ast.Name) and d.id == "answer" for d in node.decorator_list):
-                if not any(isinstance(n, ast.Raise) for n in node.body):
-                    leaks.append(f"{path.relative_to(out)}: {node.name} keeps its answer")
-    # course_utils keeps what the notebooks use (the U-Net's blocks, the workers) and the references
-    # the code parts' checks compare with; the grader refuses graded objects that use them
+            marks = {d.id for d in getattr(node, "decorator_list", ()) if isinstance(d, ast.Name)}
+            if "answer" in marks and not any(isinstance(n, ast.Raise) for n in node.body):
+                leaks.append(f"{path.relative_to(out)}: {node.name} keeps its answer")
+            elif "reference" in marks and (len(node.body) != 2 or "_recorded(" not in ast.unparse(node.body[-1])):
+                leaks.append(f"{path.relative_to(out)}: {node.name} keeps its reference")
+    if not (out / "course_utils" / "grading" / FILE).is_file():
+        leaks.append(f"course_utils/grading/{FILE} is missing: the check cells could not check the code parts")
+    # course_utils keeps what the notebooks use (the U-Net's blocks, the workers): the grader
+    # refuses graded objects that use them
     for path in (out / "exercises").glob("*.ipynb"):
         text = path.read_text()
         for line in answers:
@@ -415,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"student release in {info['out']}: notebooks/, exercises/, course_utils/ "
-          f"(answers removed from {len(info['stripped'])} grading modules), no solutions/")
+          f"(answers and references removed from {len(info['stripped'])} grading modules), no solutions/")
     return 0
 
 

@@ -7,8 +7,9 @@ Used twice:
   ``unet.DoubleConv`` for exercise 01) are stubs raising ``RefusedObject``, and in which every
   reference and judge of ``course_utils/grading`` has no body: nothing the graded code could call,
   subclass or read holds the answer;
-* the **student release** gets a copy whose grading references are removed the same way (see
-  ``release``).
+* the **student release** gets a copy whose ``@answer`` bodies are removed the same way, and
+  whose ``@reference`` bodies become a lookup in their results recorded for the notebooks' checks
+  (``recorded``; see ``release`` and ``expected``).
 
 Stripping the source (not patching objects at run time) leaves no original object in the
 process for the learner's code to find.
@@ -20,6 +21,7 @@ import ast
 from typing import Iterable
 
 IMPORT = "from course_utils.grading.core import RefusedObject as _Refused"
+LOOKUP = "from course_utils.grading.expected import recorded as _recorded"
 
 
 def _decorators(node: ast.AST) -> set[str]:
@@ -52,12 +54,27 @@ def _walk(tree: ast.AST, prefix: str = ""):
 JUDGE_SIDE = frozenset({"reference", "answer", "judge"})
 
 
+def _lookup(node: ast.FunctionDef | ast.AsyncFunctionDef, qual: str, module: str) -> list[str]:
+    """The body of a ``recorded`` stub: the function's arguments, by name, looked up in the recording."""
+    if "." in qual or not module:
+        raise ValueError(f"{qual}: only a module's top-level function, with its module named, becomes a lookup")
+    a = node.args
+    names = [x.arg for x in (*a.posonlyargs, *a.args)] + ([a.vararg.arg] if a.vararg else []) \
+        + [x.arg for x in a.kwonlyargs] + ([a.kwarg.arg] if a.kwarg else [])
+    args = "{" + ", ".join(f"{n!r}: {n}" for n in names) + "}"
+    col = " " * node.body[0].col_offset
+    return [f"{col}{LOOKUP}\n", f"{col}return _recorded({f'{module}.{qual}'!r}, {args})\n"]
+
+
 def strip_source(source: str, qualnames: Iterable[str] = (), *, message: str = "",
-                 strip_marked: bool | Iterable[str] = False, marked_message: str = "") -> str:
+                 strip_marked: bool | Iterable[str] = False, marked_message: str = "",
+                 recorded: Iterable[str] = (), module: str = "") -> str:
     """``source`` with the named classes turned into stubs and the named functions' bodies (and,
     with ``strip_marked``, every body decorated ``@reference`` / ``@answer`` / ``@x.judge``, or
-    with the decorators named in ``strip_marked``) replaced by a raise."""
-    marks = set(JUDGE_SIDE if strip_marked is True else (strip_marked or ()))
+    with the decorators named in ``strip_marked``) replaced by a raise; the bodies of the functions
+    decorated with one of ``recorded`` (module ``module``) replaced by ``expected.recorded``."""
+    lookups = set(recorded)
+    marks = set(JUDGE_SIDE if strip_marked is True else (strip_marked or ())) | lookups
     wanted = set(qualnames)
     tree = ast.parse(source)
     lines = source.splitlines(True)
@@ -84,6 +101,8 @@ def strip_source(source: str, qualnames: Iterable[str] = (), *, message: str = "
             if node.body[0].lineno == node.lineno:
                 raise ValueError(f"{qual}: cannot strip a one-line function")
             stub = [f"{body_col}{IMPORT}\n", f"{body_col}raise _Refused({why!r})\n"]
+            if not hit and _is_marked(node, lookups) and not _is_marked(node, marks - lookups):  # a raise wins
+                stub = _lookup(node, qual, module)
             edits.append((node.body[0].lineno, node.end_lineno, stub))
     missing = wanted - found
     if missing:
