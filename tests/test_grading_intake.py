@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -255,4 +256,80 @@ def test_the_class_report(tmp_path):
     stdout = proc.stdout.decode("utf-8")
     assert "3 submission(s), mean 100.0 %" in stdout and "not graded (2):" in stdout
     assert (out / "class.csv").read_text().count("\n") == 6
-    assert not list(out.glob(".*.tmp")) and not list(tmp.iterdir())  # no half report, no grader folder left
+    assert not list(out.glob(".*.tmp"))  # no half report
+    assert not [p for p in tmp.iterdir() if p.name.startswith("course-grader")]  # no grader folder left
+
+
+# --------------------------------------------------------------------------------------------
+# Forged observations and notebooks costly to read (an adversarial review of the above)
+# --------------------------------------------------------------------------------------------
+def hash_bomb(depth: int) -> bytes:
+    """A torch.save file whose pickle is a dict keyed by a tuple of ``depth`` levels that share one
+    child: loading it hashes 2^depth tuples (depth 20: 6 ms; 40: hours). Written by hand, since
+    making such a dict in Python would hash it here."""
+    pkl = bytearray(b"\x80\x02)q\x00")  # PROTO 2, EMPTY_TUPLE, BINPUT 0
+    for i in range(depth):
+        pkl += b"h" + bytes([i]) + b"h" + bytes([i]) + b"\x86q" + bytes([i + 1])  # (t_i, t_i) as t_{i+1}
+    pkl += b"}h" + bytes([depth]) + b"K\x01s."  # {t_depth: 1}
+    plain = io.BytesIO()
+    torch.save({"k": 1}, plain)
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(plain.getvalue())) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as dst:
+        for name in src.namelist():
+            dst.writestr(name, bytes(pkl) if name.endswith("data.pkl") else src.read(name))
+    return out.getvalue()
+
+
+def test_a_forged_observation_that_loads_for_hours_is_stopped(tmp_path):
+    """A 1 KB file that takes hours to load (``hash_bomb(44)``): its first load runs in a child,
+    stopped at the time limit; the same file built 12 levels deep loads, and is refused as data
+    (a dict key that is not a string)."""
+    (tmp_path / "bomb.pt").write_bytes(hash_bomb(44))
+    got = core.Raised.from_data(_load_observation(tmp_path / "bomb.pt", timeout_s=2))
+    assert got is not None and "took more than 2 s" in got.message, got
+    (tmp_path / "small.pt").write_bytes(hash_bomb(12))
+    got = core.Raised.from_data(_load_observation(tmp_path / "small.pt", timeout_s=2))
+    assert got is not None and "not strings" in got.message, got
+
+
+@pytest.mark.parametrize("value, why", [({"x": bytearray(8)}, "holds a bytearray"), ({1: 2}, "not strings"),
+                                        ([{3, 4}], "holds a set")])
+def test_an_observation_of_anything_but_plain_data_is_refused(tmp_path, value, why):
+    torch.save(value, tmp_path / "odd.pt")
+    got = core.Raised.from_data(_load_observation(tmp_path / "odd.pt"))
+    assert got is not None and why in got.message, got
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc: Linux")
+def test_a_notebook_costly_to_parse_is_read_under_a_memory_bound(tmp_path):
+    """3 MB of empty dicts take ~600 MB parsed: past the bound, the file is unreadable, and the
+    grader's process goes on."""
+    nb = notebook()
+    nb["metadata"]["junk"] = [{}] * 1_500_000
+    path = write(tmp_path / "00_heavy.ipynb", nb)
+    with pytest.raises(intake.Unreadable, match="needs more than"):
+        intake.read_submission(path, tmp_path, memory_bytes=64 << 20)
+    deep = notebook()
+    deep["metadata"]["deep"] = json.loads("[" * 900 + "]" * 900)
+    with pytest.raises(intake.Unreadable, match="nested too deeply"):
+        intake.read_submission(write(tmp_path / "00_deep_meta.ipynb", deep), tmp_path)
+
+
+def test_a_result_that_cannot_be_copied_is_not_data_and_the_judge_bounds_its_message():
+    ex = exercise("00")
+    part = ex.parts[0]
+    for value in (torch.empty(3, device="meta"), torch.zeros(1).expand(2**40)):
+        got = core.Raised.from_data(ex.observe(part.key, {n: (lambda *a, v=value: v) for n in part.needs}, seed=0))
+        assert got is not None and got.kind == "check" and "could not be copied as data" in got.message, got
+    fake = core.Exercise("99", "t", names=("f",))
+    loud, hungry = fake.part("loud", "loud", 1, ["f"]), fake.part("hungry", "hungry", 1, ["f"])
+    loud.judge(lambda got, seed: (_ for _ in ()).throw(core.CheckFailed("x" * 100_000)))
+    hungry.judge(lambda got, seed: (_ for _ in ()).throw(MemoryError()))
+    assert len(fake.judge("loud", 1, 0).message) <= core.JUDGE_CHARS + 10
+    assert "too large to check" in fake.judge("hungry", 1, 0).message
+
+
+def test_a_file_given_twice_is_graded_once(tmp_path):
+    write(tmp_path / "A" / "00_a.ipynb", SOLUTION)
+    found = submissions_in([str(tmp_path / "A"), str(tmp_path / "A" / "00_a.ipynb")])
+    assert [p.name for p, _ in found] == ["00_a.ipynb"]

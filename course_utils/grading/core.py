@@ -41,6 +41,8 @@ GRADER_RUN_ENV = "COURSE_GRADER_RUN"
 
 #: how much of a learner's error message a part keeps (the grader's JSON keeps it all)
 MESSAGE_CHARS = 600
+#: how much of a judge's message a part keeps (it may quote the learner's values)
+JUDGE_CHARS = 2000
 #: the deepest nesting of lists and dicts an observation may have (as_data; the grader's load)
 MAX_DEPTH = 40
 
@@ -312,6 +314,9 @@ class Exercise:
             return as_data(value)
         except NotData as err:
             return Raised("NotData", f"the result is not data the grader can check: {err}", "check").to_data()
+        except Exception as err:  # noqa: BLE001 - e.g. a meta tensor, or a view of 2**40 elements, to copy
+            return Raised("NotData", f"the result could not be copied as data ({type(err).__name__}: "
+                          f"{str(err)[:200]})", "check").to_data()
 
     def judge(self, key: str, observed: Any, seed: int) -> PartResult:
         """Compare an observation with the reference; never raises."""
@@ -330,11 +335,18 @@ class Exercise:
         except RefusedObject:  # the student release: this part's answer is not shipped
             result.checked = False
             result.message = "checked by your teacher's grader (its answer is not in the student release)"
+        except MemoryError:
+            result.message = "judging this result needed more memory than the grader allows: it is too large to check"
         except Exception as err:  # noqa: BLE001 - the observation was not what the judge expects
             # (the judges check the form first: this is the last line of defence; a secret part's
             # message keeps only the exception's type, which cannot hold the expected value)
             detail = type(err).__name__ if part.secret else f"{type(err).__name__}: {str(err)[:MESSAGE_CHARS]}"
             result.message = f"the result has the wrong form ({detail})"
+            if isinstance(err, RuntimeError) and "can't allocate memory" in str(err):  # torch's allocator
+                result.message = ("judging this result needed more memory than the grader allows: it is too "
+                                  "large to check")
+        if len(result.message) > JUDGE_CHARS:  # a judge may quote the learner's values: never a flood
+            result.message = result.message[:JUDGE_CHARS] + " [...]"
         return result
 
     def run(self, keys: Iterable[str], objects: dict[str, Any], seed: int = 0,

@@ -23,6 +23,7 @@ never stops the class: every failure becomes a note on its row.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import io
 import json
@@ -62,7 +63,9 @@ def submissions_in(paths: list[str]) -> list[tuple[Path, Path]]:
             found.append((p, p.parent))
         else:
             raise FileNotFoundError(f"{p}: no such file or folder")
-    return found
+    seen: set[str] = set()  # a file given twice (a folder and a file in it, two spellings): graded once
+    return [(q, root) for q, root in found
+            if not (os.path.abspath(q) in seen or seen.add(os.path.abspath(q)))]
 
 
 def report_names(found: list[tuple[Path, Path]]) -> list[str]:
@@ -334,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     jobs, why = (opts.jobs, f"{opts.jobs} at a time (--jobs)") if opts.jobs else default_jobs(opts)
+    with contextlib.suppress(AttributeError, ValueError):  # a terminal that cannot show a learner's script
+        sys.stdout.reconfigure(errors="backslashreplace")
     t0 = time.monotonic()
     results = grade_many(args.paths, opts, progress=not args.no_progress)
     if json_path:  # the reports first: nothing printed after can cost the class its results

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from . import limits
 from .core import PartResult, Raised
-from .intake import Unreadable, clean, memory_window, observation_problem, read_submission
+from .intake import Unreadable, clean, in_child, memory_window, observation_problem, read_submission
 from .kernel_launch import write_kernel_spec
 from .notebook_code import code_cells
 from .registry import MODULES, load_all
@@ -254,7 +254,7 @@ class Grader:
         result = Result(name, nn_id, ex.title, max_score=ex.max_score, seed=seed,
                         parts=[_unchecked(p) for p in ex.parts])
         try:
-            data, result.notes = read_submission(path, root)
+            data, result.notes = read_submission(path, root, self.opts.memory_bytes)
         except Unreadable as err:  # not a notebook: listed apart, never counted as a 0
             result.status = "not graded"
             result.notes = [f"unreadable: {err}"]
@@ -481,7 +481,7 @@ class Grader:
             code = proc.returncode
             done = [k for k in remaining if os.path.lexists(obs / f"{k}.pt")]
             for k in done:
-                observations[k] = _load_observation(obs / f"{k}.pt")
+                observations[k] = _load_observation(obs / f"{k}.pt", self.opts.memory_bytes)
             after = [k for k in remaining if k not in done]
             if not after:
                 break
@@ -605,17 +605,40 @@ def _exit(code) -> str:
     return f"exit code {code}" if code >= 0 else f"signal {signal.Signals(-code).name}" if -code in signal.valid_signals() else f"signal {-code}"
 
 
-def _load_observation(path: Path):
-    import torch
-
+def _load_observation(path: Path, memory_bytes: int = 4 << 30, timeout_s: float = 60.0):
+    """The observation saved in ``path``, or a ``Raised`` (as data) saying why it is not judged.
+    The sandbox wrote the file, and learner code may have forged it: it is first loaded and
+    checked (``intake.observation_problem``) in a forked child, bounded in time and memory,
+    and loaded here only if that child found plain data of a size a judge can walk."""
     try:
         data = limits.read_regular(path, OBSERVATION_BYTES)  # never through a link, never a device
-        obj = torch.load(io.BytesIO(data), weights_only=True)
-    except Exception as err:  # noqa: BLE001 - not data: a planted file, a link, a partial write
+    except OSError as err:  # a planted link, FIFO or device; a missing or half-written file
         return Raised("Unreadable", f"the observation could not be read as data ({type(err).__name__})",
                       "crashed").to_data()
-    problem = observation_problem(obj)  # before any judge walks or prints it
-    return obj if problem is None else Raised("TooLarge", problem, "check").to_data()
+    verdict = in_child(lambda: _first_look(data), timeout_s, memory_bytes)
+    if verdict.startswith("unreadable: "):
+        return Raised("Unreadable", verdict.removeprefix("unreadable: "), "crashed").to_data()
+    if verdict != "ok":
+        why = {"timeout": f"loading it took more than {timeout_s:g} s",
+               "memory": f"loading it needed more than {memory_bytes / 2**30:g} GiB",
+               "crashed": "loading it crashed"}.get(verdict)
+        return Raised("TooLarge", f"the observation is not judged: {why}" if why else verdict, "check").to_data()
+    import torch  # lazy: the grader imports torch once, before the first submission (_import_everything)
+
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def _first_look(data: bytes) -> str:
+    """In ``_load_observation``'s child: "ok", or why the data is not an observation to judge."""
+    import torch  # lazy: as _load_observation
+
+    try:
+        obj = torch.load(io.BytesIO(data), weights_only=True)
+    except MemoryError:
+        return "memory"
+    except Exception as err:  # noqa: BLE001 - not data: a planted file, a partial write
+        return f"unreadable: the observation could not be read as data ({type(err).__name__})"
+    return observation_problem(obj) or "ok"
 
 
 def _read_json(path: Path):

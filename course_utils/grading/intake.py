@@ -29,6 +29,8 @@ import json
 import os
 import re
 import resource
+import signal
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -114,12 +116,26 @@ def _replace_surrogates(value: Any, count: list[int]) -> Any:
     return value
 
 
-def read_submission(path: str | Path, root: str | Path | None = None) -> tuple[bytes, list[str]]:
+def read_submission(path: str | Path, root: str | Path | None = None,
+                    memory_bytes: int = 4 << 30) -> tuple[bytes, list[str]]:
     """The notebook the grader runs for the file ``path`` (in the class folder ``root``), as
-    bytes, and notes on what was changed; ``Unreadable`` says why a file is not a notebook."""
+    bytes, and notes on what was changed; ``Unreadable`` says why a file is not a notebook. The
+    file is read and parsed with at most ``memory_bytes`` more memory than the grader has (JSON
+    of many small objects takes ~200 times its size in memory)."""
+    path = Path(path)
+    try:
+        with memory_window(memory_bytes):
+            return _read_notebook(path, root)
+    except MemoryError:
+        raise Unreadable(f"{path.name} needs more than {memory_bytes / 2**30:g} GiB of memory to read: not an "
+                         "exercise notebook") from None
+    except RecursionError:
+        raise Unreadable(f"{path.name} is JSON nested too deeply to read: not a notebook") from None
+
+
+def _read_notebook(path: Path, root) -> tuple[bytes, list[str]]:
     import nbformat  # lazy: nbformat imports jsonschema (~0.8 s), needed only once a file is read
 
-    path = Path(path)
     source = _target(path, Path(root) if root is not None else None)
     try:
         data = limits.read_regular(source, FILE_BYTES)
@@ -180,7 +196,12 @@ def observation_problem(obj: Any, limits_: dict[str, int] | None = None) -> str 
 
     def visit(x: Any, level: int) -> tuple[int, int]:
         if not isinstance(x, (list, tuple, dict)):
+            if x is not None and not isinstance(x, (bool, int, float, str)) and type(x).__name__ != "Tensor":
+                raise _TooLarge(f"it holds a {type(x).__name__}, which no observation has (data only: numbers, "
+                                "strings, tensors, lists and dicts)")
             return 0, 1
+        if isinstance(x, dict) and not all(isinstance(k, str) for k in x):
+            raise _TooLarge("a dict in it has keys that are not strings (an observation's never have)")
         key = id(x)
         if key in sizes:
             return sizes[key]
@@ -192,7 +213,7 @@ def observation_problem(obj: Any, limits_: dict[str, int] | None = None) -> str 
             raise _TooLarge(f"it has more than {lim['nodes']:,} lists and dicts")
         on_path.add(key)
         keep.append(x)
-        items = list(x.keys()) + list(x.values()) if isinstance(x, dict) else x
+        items = list(x.values()) if isinstance(x, dict) else x
         depth, leaves = 0, 0
         for item in items:
             d, n = visit(item, level + 1)
@@ -215,6 +236,50 @@ def observation_problem(obj: Any, limits_: dict[str, int] | None = None) -> str 
 
 class _TooLarge(Exception):
     pass
+
+
+def in_child(fn, timeout_s: float, extra_bytes: int) -> str:
+    """``fn()`` (returning a short string) in a forked child of this process, with at most
+    ``extra_bytes`` more address space than this process has and at most ``timeout_s`` seconds;
+    returns its string, or why it gave none ("timeout", "memory", "crashed"). For a first look
+    at data a submission wrote (``torch.load`` of a forged file can be made to allocate without
+    bound, or to hash nested shared tuples for hours): only a child can be stopped in the middle."""
+    now = _address_space()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code = 1
+        try:
+            os.close(r)
+            if now is not None:
+                _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+                bound = now + int(extra_bytes)
+                resource.setrlimit(resource.RLIMIT_AS, (bound if hard == resource.RLIM_INFINITY else min(bound, hard), hard))
+            try:
+                out = fn()
+            except MemoryError:
+                out = "memory"
+            os.write(w, str(out).encode("utf-8", "backslashreplace")[:65536])
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    deadline = time.monotonic() + timeout_s
+    status = None
+    while status is None:
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = st
+        elif time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(r)
+            return "timeout"
+        else:
+            time.sleep(0.005)
+    with os.fdopen(r, "rb") as f:
+        out = f.read().decode("utf-8", "replace")
+    return out if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 else "crashed"
 
 
 # --------------------------------------------------------------------------------------------
