@@ -150,9 +150,11 @@ def render() -> str:
             lines.append(f"| {r['label'] or r['commit']}{options} | {r['date']}, {r['load_before']} -> {r['load_after']} "
                          f"| {r['submissions']} | {r['wall_s'] / 60:.1f} min | {r['wall_s'] / r['submissions']:.1f} s | "
                          f"{cpu} |")
-        lines += ["", "Compare runs of one day as ratios (they ran side by side, sharing the machine); across days, "
-                  "the load says how much of the machine the grader had (at load 10 on 2 cores it shares them with "
-                  "about ten runnable processes; its CPU-seconds grow too, as the cores and caches are shared)."]
+        lines += ["", "Compare runs made under the same load: the load says how much of the machine the grader had "
+                  "(at load 10 on 2 cores it shares them with about ten runnable processes, and its CPU-seconds grow "
+                  "too, as the cores and caches are shared). The 2026-11-24 runs ran side by side at load 10; the "
+                  "2026-11-28 runs one after the other with no other job on the machine (a load above 1 is the "
+                  "grader's own two workers)."]
     lines.append(END)
     return "\n".join(lines)
 
