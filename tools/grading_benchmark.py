@@ -153,8 +153,8 @@ def render() -> str:
         lines += ["", "Compare runs made under the same load: the load says how much of the machine the grader had "
                   "(at load 10 on 2 cores it shares them with about ten runnable processes, and its CPU-seconds grow "
                   "too, as the cores and caches are shared). The 2026-11-24 runs ran side by side at load 10; the "
-                  "2026-11-28 runs one after the other with no other job on the machine (a load above 1 is the "
-                  "grader's own two workers)."]
+                  "2026-11-28 runs one after the other with no other job on the machine (a load above 1 is the decaying "
+                  "average of the job before, and the grader's own two workers)."]
     lines.append(END)
     return "\n".join(lines)
 
