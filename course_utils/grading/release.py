@@ -468,8 +468,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.nbgrader_course:
             names = nbgrader_course(Path(args.out), force=args.force)
+            bindir = Path(sys.executable).parent  # nbgrader runs alembic by name: this venv on PATH
             print(f"nbgrader course in {args.out}: assignments {', '.join(names)}.\n"
-                  f"  cd {args.out} && PYTHONPATH=$PWD nbgrader generate_assignment ex00")
+                  f"  cd {args.out} && PATH={bindir}:$PATH PYTHONPATH=$PWD nbgrader generate_assignment ex00\n"
+                  "(docs/teaching.md, \"With nbgrader\": collecting and autograde)")
             return 0
         info = release(Path(args.out), force=args.force)
     except (FileExistsError, SolutionFormatError, RuntimeError) as err:
