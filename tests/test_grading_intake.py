@@ -256,7 +256,7 @@ def test_the_class_report(tmp_path):
     stdout = proc.stdout.decode("utf-8")
     assert "3 submission(s), mean 100.0 %" in stdout and "not graded (2):" in stdout
     assert (out / "class.csv").read_text().count("\n") == 6
-    assert not list(out.glob(".*.tmp"))  # no half report
+    assert not list(out.glob(".class.*"))  # no half report (files.atomic_write's temporary files)
     assert not [p for p in tmp.iterdir() if p.name.startswith("course-grader")]  # no grader folder left
 
 

@@ -21,6 +21,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from ..files import atomic_write
 from .. import benchmark, recorded
 from . import record
 from .plan import ROOT, slug
@@ -42,7 +43,7 @@ def _unpack(archive: Path, dest: Path) -> list[str]:
             target = dest.joinpath(*parts)
             target.parent.mkdir(parents=True, exist_ok=True)
             with tar.extractfile(member) as src:
-                record.atomic_write(target, src.read())
+                atomic_write(target, src.read())
             names.append(member.name)
     return names
 
@@ -66,8 +67,8 @@ def _merge_benchmark(files: list[Path], dest_dir: Path) -> list[Path]:
             nets = {r["net"] for r in new["rows"]}
             new = {"meta": new["meta"], "rows": [r for r in old["rows"] if r["net"] not in nets] + new["rows"]}
         dest_dir.mkdir(parents=True, exist_ok=True)
-        record.atomic_write(dest, json.dumps(new, indent=2) + "\n")
-        record.atomic_write(dest_dir / f"{stem}.md", benchmark.markdown(new))
+        atomic_write(dest, json.dumps(new, indent=2) + "\n")
+        atomic_write(dest_dir / f"{stem}.md", benchmark.markdown(new))
         benchmark.plot(new, dest_dir / f"{stem}.png")
         written.append(dest)
     return written

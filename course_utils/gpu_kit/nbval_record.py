@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from .record import atomic_write
+from ..files import atomic_write
 
 ENV_VAR = "COURSE_NBVAL_KEEP"
 _STATE: dict[str, dict[str, Any]] = {}  # notebook path -> {"nb", "cells", "count"}

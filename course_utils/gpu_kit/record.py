@@ -25,16 +25,15 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import sys
 import tarfile
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..files import atomic_write
 from .budget import COMPLETE
 
 MiB = 2**20
@@ -81,20 +80,6 @@ def check_limits(out: Path, limits: Limits = LIMITS) -> list[str]:
     if total > limits.total_bytes:
         problems.append(f"{total / MiB:.1f} MiB in all, at most {limits.total_bytes / MiB:.0f} MiB")
     return problems
-
-
-def atomic_write(path: Path, data: bytes | str) -> None:
-    """Write ``path`` whole or not at all: a temporary file beside it, then a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a committed file from other users
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class Log:

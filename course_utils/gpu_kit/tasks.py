@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..files import atomic_write
 from .. import benchmark, recorded
 from ..densenet import densenet169, seed004_step_args
 from ..fit import variant
@@ -83,10 +84,10 @@ class Kit:
         if any(self._dropped.values()):
             self.state["left out of the archives"] = [d for v in self._dropped.values() for d in v]
         if self.raw.exists() and any(self.raw.glob("*.json")):
-            record.atomic_write(self.out / record.RECORDED, json.dumps(recorded.merged(self.raw), indent=1) + "\n")
-        record.atomic_write(self.out / record.STATE, json.dumps(self.state, indent=1, default=str) + "\n")
+            atomic_write(self.out / record.RECORDED, json.dumps(recorded.merged(self.raw), indent=1) + "\n")
+        atomic_write(self.out / record.STATE, json.dumps(self.state, indent=1, default=str) + "\n")
         if self.summary is not None:
-            record.atomic_write(self.out / record.SUMMARY, self.summary(self.state))
+            atomic_write(self.out / record.SUMMARY, self.summary(self.state))
 
     def env(self, size: str | None = None) -> dict[str, str]:
         """The environment of a command the kit starts: the checkout first on ``PYTHONPATH``,

@@ -38,6 +38,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from ..files import atomic_write
 from . import limits
 from .grader import Grader, Options, Result, clip_text, containment
 from .intake import clean, clean_text
@@ -259,24 +260,13 @@ def write_csv(results: list[Result], path: str | Path) -> None:
         failed = [f"{p['name']}: {p['message']}" for p in r.parts if p["score"] < p["points"]]
         w.writerow(clean([r.submission, r.exercise, r.status, r.score, r.max_score, r.percent,
                           " | ".join(failed), " | ".join(r.notes), r.seed]))
-    _write_atomic(path, buf.getvalue())
+    atomic_write(path, buf.getvalue())
 
 
 def write_json(results: list[Result], path: str | Path) -> None:
     """Write every detail of the class run to ``path`` (whole or not at all)."""
-    _write_atomic(path, json.dumps([clean(r.as_dict()) for r in results], indent=2))
+    atomic_write(path, json.dumps([clean(r.as_dict()) for r in results], indent=2))
 
-
-def _write_atomic(path: str | Path, text: str) -> None:
-    """``text`` into ``path`` through a temporary file renamed over it: a reader (or a grader
-    stopped half-way) never sees half a report."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8", newline="")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _prepare_output(path: str | None, what: str) -> Path | None:
