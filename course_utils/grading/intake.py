@@ -64,12 +64,17 @@ def clean_text(text: Any) -> str:
 
 def clean(value: Any) -> Any:
     """``value`` with every string in it (keys too, in lists, tuples and dicts) ``clean_text``-ed."""
+    return _map_strings(value, clean_text)
+
+
+def _map_strings(value: Any, fn) -> Any:
+    """``value`` with ``fn`` applied to every string in it: keys too, in lists, tuples and dicts."""
     if isinstance(value, str):
-        return clean_text(value)
+        return fn(value)
     if isinstance(value, dict):
-        return {clean(k): clean(v) for k, v in value.items()}
+        return {_map_strings(k, fn): _map_strings(v, fn) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(clean(v) for v in value)
+        return type(value)(_map_strings(v, fn) for v in value)
     return value
 
 
@@ -104,16 +109,17 @@ def _drop_outputs(nb: dict) -> int:
     return changed
 
 
-def _replace_surrogates(value: Any, count: list[int]) -> Any:
-    if isinstance(value, str):
-        new, n = _SURROGATE.subn("\ufffd", value)
-        count[0] += n
+def _replace_surrogates(value: Any) -> tuple[Any, int]:
+    """``value`` with every lone surrogate in its strings replaced by U+FFFD, and how many were."""
+    count = 0
+
+    def replace(text: str) -> str:
+        nonlocal count
+        new, n = _SURROGATE.subn("\ufffd", text)
+        count += n
         return new
-    if isinstance(value, dict):
-        return {_replace_surrogates(k, count): _replace_surrogates(v, count) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_replace_surrogates(v, count) for v in value]
-    return value
+
+    return _map_strings(value, replace), count
 
 
 def read_submission(path: str | Path, root: str | Path | None = None,
@@ -151,9 +157,7 @@ def _read_notebook(path: Path, root) -> tuple[bytes, list[str]]:
         raise Unreadable(f"{path.name} is not UTF-8 text (byte {err.start:,}): not a notebook file") from None
     del data
     try:
-        nb = json.loads(text)
-    except RecursionError:
-        raise Unreadable(f"{path.name} is JSON nested too deeply to read: not a notebook") from None
+        nb = json.loads(text)  # a RecursionError: read_submission's "nested too deeply"
     except ValueError as err:
         raise Unreadable(f"{path.name} is not JSON ({clean_text(err)}): not a notebook, or a damaged one") from None
     del text
@@ -163,10 +167,9 @@ def _read_notebook(path: Path, root) -> tuple[bytes, list[str]]:
     notes = []
     if _drop_outputs(nb):
         notes.append("the notebook's saved outputs were not read (the grader runs the code again)")
-    count = [0]
-    nb = _replace_surrogates(nb, count)
-    if count[0]:
-        notes.append(f"{count[0]} lone surrogate(s) in the notebook's text (a \\ud800-style escape, which no UTF-8 "
+    nb, count = _replace_surrogates(nb)
+    if count:
+        notes.append(f"{count} lone surrogate(s) in the notebook's text (a \\ud800-style escape, which no UTF-8 "
                      "text can hold) were read as U+FFFD")
     out = json.dumps(nb, ensure_ascii=False).encode("utf-8")
     if len(out) > CODE_BYTES:
@@ -244,17 +247,16 @@ def in_child(fn, timeout_s: float, extra_bytes: int) -> str:
     returns its string, or why it gave none ("timeout", "memory", "crashed"). For a first look
     at data a submission wrote (``torch.load`` of a forged file can be made to allocate without
     bound, or to hash nested shared tuples for hours): only a child can be stopped in the middle."""
-    now = _address_space()
+    bound = _address_space_bound(extra_bytes)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns
         code = 1
         try:
             os.close(r)
-            if now is not None:
-                _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-                bound = now + int(extra_bytes)
-                resource.setrlimit(resource.RLIMIT_AS, (bound if hard == resource.RLIM_INFINITY else min(bound, hard), hard))
+            if bound is not None:
+                limit, _soft, hard = bound
+                resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
             try:
                 out = fn()
             except MemoryError:
@@ -300,18 +302,28 @@ def _address_space() -> int | None:
 def memory_window(extra_bytes: int):
     """While the block runs, this process may map at most ``extra_bytes`` more than now
     (``RLIMIT_AS``'s soft limit, restored after); a no-op where the size cannot be read."""
-    now = _address_space()
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    if now is None:
+    bound = _address_space_bound(extra_bytes)
+    if bound is None:
         yield
         return
-    bound = now + int(extra_bytes)
-    if hard != resource.RLIM_INFINITY:
-        bound = min(bound, hard)
-    if soft != resource.RLIM_INFINITY:
-        bound = min(bound, soft)
-    resource.setrlimit(resource.RLIMIT_AS, (bound, hard))
+    limit, soft, hard = bound
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     try:
         yield
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def _address_space_bound(extra_bytes: int) -> tuple[int, int, int] | None:
+    """(the soft ``RLIMIT_AS`` for at most ``extra_bytes`` more than this process maps now, never
+    above the limits already set; the soft limit now; the hard limit), or None where the size
+    cannot be read."""
+    now = _address_space()
+    if now is None:
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    bound = now + int(extra_bytes)
+    for limit in (soft, hard):
+        if limit != resource.RLIM_INFINITY:
+            bound = min(bound, limit)
+    return bound, soft, hard
