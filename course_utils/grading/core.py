@@ -335,14 +335,13 @@ class Exercise:
         except RefusedObject:  # the student release: this part's answer is not shipped
             result.checked = False
             result.message = "checked by your teacher's grader (its answer is not in the student release)"
-        except MemoryError:
-            result.message = "judging this result needed more memory than the grader allows: it is too large to check"
         except Exception as err:  # noqa: BLE001 - the observation was not what the judge expects
             # (the judges check the form first: this is the last line of defence; a secret part's
             # message keeps only the exception's type, which cannot hold the expected value)
             detail = type(err).__name__ if part.secret else f"{type(err).__name__}: {str(err)[:MESSAGE_CHARS]}"
             result.message = f"the result has the wrong form ({detail})"
-            if isinstance(err, RuntimeError) and "can't allocate memory" in str(err):  # torch's allocator
+            # Python's allocator, or torch's
+            if isinstance(err, MemoryError) or (isinstance(err, RuntimeError) and "can't allocate memory" in str(err)):
                 result.message = ("judging this result needed more memory than the grader allows: it is too "
                                   "large to check")
         if len(result.message) > JUDGE_CHARS:  # a judge may quote the learner's values: never a flood
