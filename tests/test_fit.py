@@ -387,16 +387,7 @@ def test_cli_json_and_exit_codes(capsys):
 
 
 # -- what an independent review found (each failed, or answered wrongly, before its fix) --------
-class Regressor(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(8, 1)
-
-    def forward(self, x):
-        return self.lin(x).squeeze(1)
-
-
-class ReturnsItsLoss(Regressor):
+class ReturnsItsLoss(Scalar):
     def forward(self, x):
         return self.lin(x).sum()
 
@@ -417,10 +408,10 @@ def test_review_findings_each_answered():
     assert fit.fit(frozen_backbone, (4, 8), **kw).rows[0].peak > fit.fit(frozen_backbone, (4, 8), mode="inference",
                                                                           **kw).rows[0].peak > 0
     # inference runs no loss: an output the default loss would refuse is fine there
-    assert fit.fit(Regressor, (4, 8), mode="inference", **kw).spec.output_shape == (4,)
+    assert fit.fit(Scalar, (4, 8), mode="inference", **kw).spec.output_shape == (4,)
     assert fit.fit(TwoHeads, (4, 8), mode="inference", **kw).rows[0].peak > 0
     # an H100's cuBLAS workspaces are 32 MiB (compute capability 9.0)
-    assert fit.fit(Regressor, (4, 8), loss="mse", compute_capability="9.0", **kw).overheads.workspace_bytes == 2 * 2**25
+    assert fit.fit(Scalar, (4, 8), loss="mse", compute_capability="9.0", **kw).overheads.workspace_bytes == 2 * 2**25
     # an unchanged step keeps the plain step's largest batch (in-place after BatchNorm)
     rep = fit.fit(conv1d_net, (8, 1, 256), card_gib=1, techniques=["inplace"], progress=False)
     assert rep.rows[1].largest_batch == rep.rows[0].largest_batch and "peak unchanged" in rep.rows[1].note
@@ -432,9 +423,9 @@ def test_review_findings_each_answered():
     (dict(build=all_frozen), "--mode forward or --mode inference"),
     (dict(build=lambda: nn.ReLU()), "has no parameters"),
     (dict(build=ReturnsItsLoss, loss="mse"), "no dimensions"),
-    (dict(build=Regressor, loss="mse", output="T"), "one tensor"),
-    (dict(build=Regressor, loss="mse", compute_capability="nine"), "--compute-capability 9.0"),
-    (dict(build=Regressor, loss="mse", fused="false"), "True or False"),
+    (dict(build=Scalar, loss="mse", output="T"), "one tensor"),
+    (dict(build=Scalar, loss="mse", compute_capability="nine"), "--compute-capability 9.0"),
+    (dict(build=Scalar, loss="mse", fused="false"), "True or False"),
 ])
 def test_review_refusals_name_the_fix(kwargs, fix):
     with pytest.raises(fit.FitError, match=fix):
