@@ -6,11 +6,19 @@
     python -m course_utils.hosted --dist [DIR]     # the wheel and the learner's zip in DIR (make dist)
 
 ``SETUP_CELL`` is the first code cell of every notebook, exercise and solution (and of the
-scaffold's templates): where ``course_utils`` cannot be imported it installs the course's wheel
-found beside the notebook (or what ``$COURSE_UTILS_SOURCE`` names) with pip constrained to the
-installed torch, so pip can never replace it; on a checkout it does nothing and prints nothing.
-It cannot import ``course_utils`` (that is what it installs), so it is plain code, written here
-once and copied into the notebooks by ``--update-cells``; ``tests/test_hosted.py`` checks every copy.
+scaffold's templates), six lines: where ``course_utils`` cannot be imported it finds the bootstrap
+``course_setup.py`` (beside the notebook, one folder up, one down, under ``/content`` or
+``/kaggle/input``) and runs it; on a checkout it does nothing and prints nothing, and where it
+finds no bootstrap it raises an error naming the fix. The bootstrap (one copy, at the root of the
+repository as at the root of ``make dist``'s zip: the notebooks reach it as ``../course_setup.py``
+in both) installs the course's wheel found beside it (or what ``$COURSE_UTILS_SOURCE`` names) with
+pip constrained to the installed torch, so pip can never replace it. The cell cannot import
+``course_utils`` (that is what it installs), so it is plain code, written here once and copied
+into the notebooks by ``--update-cells``; ``tests/test_hosted.py`` checks every copy and runs the
+bootstrap with pip replaced by a recorder.
+
+The zip has a README of its own (``zip_readme``, from ``templates/zip_README.md``): the
+repository's speaks of ``make`` targets and files the zip does not hold.
 
 ``tiers()`` answers "what can each free GPU tier run" with the course's own predictor
 (``explorer.estimate``, ``limit_test.run_limit_test``) against a card's usable memory.
@@ -20,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
+import string
 import subprocess
 import sys
 import zipfile
@@ -41,52 +51,24 @@ SITE_PAGE = ROOT / "site" / "pages" / "run_on_a_hosted_gpu.md"
 #: the first GPU run's benchmark of the large net (what a T4's verdict can be checked against)
 FIRST_GPU_RUN = ROOT / "docs" / "gpu-runs" / "2026-11-24-h100" / "benchmark-large.json"
 SITE_NOTE = "<!-- generated from docs/hosted-gpu.md by python -m course_utils.hosted --tiers: edit that file -->\n"
-#: torch versions the course is tested on (pyproject.toml's dependency; a test checks they agree)
-TORCH_RANGE = ((2, 11), (2, 16))
 #: every notebook that gets the setup cell, and the scaffold's templates
 NOTEBOOK_GLOBS = ("notebooks/[0-9][0-9]_*.ipynb", "solutions/[0-9][0-9]_*.ipynb",
                   "course_utils/templates/notebook.ipynb", "course_utils/templates/solution.ipynb")
 #: the cell's metadata: a tag a site build or a test can find it by
 TAG = "course-setup"
 
-SETUP_CELL = '''\
-# Setup for a hosted notebook (Colab, Kaggle, JupyterHub): installs course_utils if it is missing,
-# keeping this machine's torch. On a checkout of the course it does nothing. See docs/hosted-gpu.md.
-def _course_setup(tested=((%d, %d), (%d, %d))):
-    import glob, importlib, importlib.util, os, re, subprocess, sys, tempfile  # noqa: F811 (a later cell may import them too)
-    if importlib.util.find_spec("course_utils"):
-        return
-    wheels = sorted(w for p in ("", "../", "*/", "/content/*/", "/content/drive/MyDrive/*/", "/kaggle/input/*/",
-                                "/kaggle/input/*/*/") for w in glob.glob(p + "course_utils-*.whl"))
-    src = os.environ.get("COURSE_UTILS_SOURCE") or (wheels[-1] if wheels else None)
-    if src is None:
-        raise RuntimeError("course_utils is not installed and no course_utils-*.whl is beside this notebook, one "
-                           "folder up or under /content or /kaggle/input. Fix: upload and unzip the course's zip "
-                           "(make dist), or set COURSE_UTILS_SOURCE to a wheel or 'git+https://...' of the course.")
-    pip = [sys.executable, "-m", "pip", "install", "-q"]
-    if importlib.util.find_spec("torch") is None:
-        subprocess.check_call(pip + [src])
-        print(f"installed course_utils from {src}, with a torch in the tested range (there was none)")
-        return
-    from importlib.metadata import version
-    torch_v = version("torch")
-    with tempfile.TemporaryDirectory() as tmp:  # pip's constraint file, removed after
-        keep = os.path.join(tmp, "keep-torch.txt")
-        with open(keep, "w") as f:
-            f.write(f"torch=={torch_v}\\n")
-        if tested[0] <= tuple(int(x) for x in re.findall(r"\\d+", torch_v)[:2]) < tested[1]:
-            subprocess.check_call(pip + ["-c", keep, src])
-            print(f"installed course_utils from {src}; torch {torch_v} kept (pip was constrained to it)")
-        else:
-            subprocess.check_call(pip + ["--no-deps", src])
-            subprocess.check_call(pip + ["-c", keep, "numpy", "pandas", "matplotlib", "tqdm"])
-            print(f"torch {torch_v} is outside the versions the course is tested on (>=%d.%d,<%d.%d): installed "
-                  f"course_utils from {src} without its dependencies, torch {torch_v} kept; some cells may fail")
-    importlib.invalidate_caches()
+#: the one copy of the bootstrap the setup cell runs (shipped at the root of make dist's zip)
+BOOTSTRAP = ROOT / "course_setup.py"
+#: the zip's own README (a template: the notebook table and the figures are filled in by ``zip_readme``)
+ZIP_README = Path(__file__).resolve().parent / "templates" / "zip_README.md"
 
-
-_course_setup()'''
-SETUP_CELL = SETUP_CELL % (*TORCH_RANGE[0], *TORCH_RANGE[1], *TORCH_RANGE[0], *TORCH_RANGE[1])
+SETUP_CELL = """\
+import glob, importlib.util, runpy  # Colab, Kaggle: installs course_utils, keeping this torch (docs/hosted-gpu.md)
+if not importlib.util.find_spec("course_utils"):  # on a checkout of the course this cell does nothing
+    boot = [f for w in "./ ../ */ /content/*/ /content/drive/MyDrive/*/ /kaggle/input/*/ /kaggle/input/*/*/".split()
+            for f in sorted(glob.glob(w + "course_setup.py"))]
+    if not boot: raise RuntimeError("no course_setup.py here, one folder up, in /content or /kaggle/input. Fix: unzip the course zip")
+    runpy.run_path(boot[0])"""
 
 
 # --------------------------------------------------------------------------------------------
@@ -287,9 +269,9 @@ def update_tiers(doc: Path = DOC, page: Path = SITE_PAGE) -> bool:
 # --------------------------------------------------------------------------------------------
 # make dist: the wheel and the learner's zip
 # --------------------------------------------------------------------------------------------
-#: what the learner's zip holds beside the wheel: the notebooks, the exercises (no solutions) and
-#: what their links point to (README.md, docs/*.md); recorded GPU figures when there are any
-ZIP_GLOBS = ("notebooks/[0-9][0-9]_*.ipynb", "exercises/[0-9][0-9]_*.ipynb", "README.md", "docs/*.md",
+#: what the learner's zip holds beside the wheel, the bootstrap and its own README: the notebooks,
+#: the exercises (no solutions) and what their links point to (docs/*.md); recorded GPU figures
+ZIP_GLOBS = ("notebooks/[0-9][0-9]_*.ipynb", "exercises/[0-9][0-9]_*.ipynb", "docs/*.md",
              "docs/gpu-runs/*.md", "recorded/*.json")
 ZIP_TOP = "gpu-memory-course"
 
@@ -307,10 +289,35 @@ def build_wheel(out: Path, root: Path = ROOT) -> Path:
     return wheels[0]
 
 
+def _title(nb_path: Path) -> str:
+    """A notebook's title without its number: ``# 00 · GPU memory basics`` -> ``GPU memory basics``."""
+    first = json.loads(nb_path.read_text(encoding="utf-8"))["cells"][0]
+    line = _source(first).lstrip("# ").splitlines()[0]
+    return line.split("·", 1)[1].strip() if "·" in line else line
+
+
+def zip_readme(wheel_name: str, root: Path = ROOT) -> str:
+    """The zip's README.md: what is in it, how to open it on Colab, Kaggle or a JupyterHub, the
+    notebooks with their exercises and README's figures, every link to a file inside the zip."""
+    rows = []
+    for nb in sorted(root.glob("notebooks/[0-9][0-9]_*.ipynb")):
+        ex = root / "exercises" / nb.name
+        exercise = f"[exercises/{nb.name}](exercises/{nb.name})" if ex.exists() else "-"
+        rows.append(f"| {nb.name[:2]} | [{_title(nb)}](notebooks/{nb.name}) | {exercise} |")
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    figures = re.search(r"<!-- BEGIN figures -->\n(.*?)<!-- END figures -->", readme, re.S)
+    torch_dep = re.search(r'"(torch[<>=][^"]*)"', (root / "pyproject.toml").read_text(encoding="utf-8"))
+    return string.Template(ZIP_README.read_text(encoding="utf-8")).substitute(
+        wheel=wheel_name, zipname=f"{ZIP_TOP}.zip", notebooks="\n".join(rows),
+        torch=torch_dep.group(1) if torch_dep else "torch", figures=figures.group(1).strip() if figures else
+        "See the course's repository for its figures.")
+
+
 def build_zip(wheel: Path, out: Path, root: Path = ROOT) -> Path:
-    """``out/gpu-memory-course.zip``: one folder with notebooks/, exercises/, README.md, docs/ and
-    the wheel at its top, so that ``../exercises/NN.ipynb`` from a notebook still resolves and the
-    setup cell finds the wheel one folder up."""
+    """``out/gpu-memory-course.zip``: one folder with notebooks/, exercises/, docs/, recorded/, its
+    own README.md, the bootstrap ``course_setup.py`` and the wheel at its top, so that
+    ``../exercises/NN.ipynb`` from a notebook still resolves and the setup cell finds the bootstrap,
+    and the bootstrap the wheel, one folder up."""
     files = sorted({p for g in ZIP_GLOBS for p in root.glob(g)})
     if not any(p.parent.name == "exercises" for p in files):
         raise FileNotFoundError(f"no exercises under {root / 'exercises'}: run python -m course_utils.grading.generate")
@@ -318,6 +325,8 @@ def build_zip(wheel: Path, out: Path, root: Path = ROOT) -> Path:
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
         for p in files:
             z.write(p, f"{ZIP_TOP}/{p.relative_to(root).as_posix()}")
+        z.write(root / BOOTSTRAP.name, f"{ZIP_TOP}/{BOOTSTRAP.name}")
+        z.writestr(f"{ZIP_TOP}/README.md", zip_readme(wheel.name, root))
         z.write(wheel, f"{ZIP_TOP}/{wheel.name}")
     return path
 
@@ -352,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{DOC.relative_to(ROOT)}: " + ("tiers table rewritten" if update_tiers() else "tiers table up to date"))
     if args.dist:
         wheel, zpath = dist(Path(args.dist))
-        print(f"wheel: {wheel}\nzip:   {zpath} (notebooks, exercises, README, docs and the wheel)")
+        print(f"wheel: {wheel}\nzip:   {zpath} (notebooks, exercises, docs, its own README, course_setup.py and the wheel)")
     return 0
 
 

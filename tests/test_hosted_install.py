@@ -4,8 +4,9 @@ needs ``make test-compat``'s torch 2.11 venv).
 
 Each test unzips ``dist/gpu-memory-course.zip`` (``make dist``) outside the checkout, runs the
 notebooks' setup cell (``hosted.SETUP_CELL``) with the venv's Python in ``notebooks/`` -- it must
-find the wheel one folder up and install it with pip constrained to the installed torch -- and
-checks that torch is the same version, from the same place, afterwards.
+find the bootstrap ``course_setup.py`` one folder up, which finds the wheel beside it and installs
+it with pip constrained to the installed torch -- and checks that torch is the same version, from
+the same place, afterwards.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def course(tmp_path_factory) -> Path:
 
 
 def _setup_cell(python: Path, course: Path) -> str:
-    """The notebooks' first cell, run by ``python`` in notebooks/ as a kernel would."""
+    """The notebooks' first cell, run by ``python`` in notebooks/ as a kernel would (it runs
+    ``../course_setup.py``)."""
     return _run([str(python), "-c", hosted.SETUP_CELL], course / "notebooks")
 
 
