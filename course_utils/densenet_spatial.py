@@ -19,10 +19,13 @@ Why it gives the same step as one process:
   neighbour; the transitions' 2x2 average pools need nothing either as long as every strip
   starts on an even row at that resolution: strips are aligned to the net's total stride (32),
   so ``height / world`` must be a multiple of 32 (``check_alignment`` refuses otherwise);
-* every BatchNorm normalises with the statistics of the *whole* image: per-channel sums and sums
-  of squares all-reduced over ranks, in forward and (for the gradient) in backward
-  (``GlobalBatchNorm``); the running statistics are updated once, as one process would, with the
-  unbiased variance over the global count;
+* every BatchNorm normalises with the statistics of the *whole* image: in forward each rank's
+  per-channel count, mean and sum of squared deviations (M2) are all-gathered and combined with
+  Chan et al.'s formula (``numerics.combine_moments``, as ``parallel.CrossReplicaBatchNorm3d``
+  does), not as sums of x and x^2, whose ``E[x^2] - E[x]^2`` cancels in fp32 when the mean is
+  large against the spread (``fp32_combination_error`` measures it); in backward two per-channel
+  sums are all-reduced (``GlobalBatchNorm``); the running statistics are updated once, as one
+  process would, with the unbiased variance over the global count;
 * the global average pool is a per-rank sum, all-reduced (differentiably, ``spatial.all_reduce_sum``)
   and divided by the global pixel count: every rank ends with the *same* logits, the same loss.
 
@@ -69,6 +72,7 @@ From a notebook::
     r = check_split(world=2, variants=[{"halo": False}, {"global_bn": False}])
     r["summary"], r["exchange"]          # differences vs one process; bytes exchanged per rank
     table = spatial_memory_table()       # 20 predictions of DenseNet-169 at 2048 x 2000: minutes
+    fp32_combination_error()             # the statistics' fp32 error, old form vs new, at 2000^2: ~1 s
 """
 
 from __future__ import annotations
@@ -87,7 +91,7 @@ from torch.utils.checkpoint import checkpoint
 from .budget import fixed_bytes
 from .densenet import DENSENET169, SEED004_CLASSES, DenseLayer, DenseNet
 from .memory import default_dtype, mib, predict_step
-from .numerics import update_running_stats
+from .numerics import combine_moments, update_running_stats
 from .parallel import compared, launch
 from .spatial import EXCHANGED, HaloExchange, all_reduce_sum, conv_with_halos
 
@@ -97,8 +101,9 @@ ALIGN = 32
 SMALL_DENSENET = dict(growth_rate=4, block_config=(2, 2, 2, 2), num_init_features=8, bn_size=2)
 #: seed 004's X-rays at full resolution
 FULL_IMAGE = (2000, 2000)
-#: bytes all-reduced by this process for BatchNorm statistics and their gradients (forward,
-#: backward), and the bytes of the activations whose halos were exchanged (reset by the worker)
+#: bytes this process sends to the BatchNorm collectives (forward: its statistics, all-gathered;
+#: backward: two per-channel sums, all-reduced), and the bytes of the activations whose halos were
+#: exchanged (reset by the worker)
 REDUCED = {"forward": 0, "backward": 0}
 HALO_SOURCES = {"bytes": 0, "exchanges": 0}
 
@@ -143,12 +148,44 @@ def _sum_over_ranks(t: torch.Tensor, direction: str) -> torch.Tensor:
     return all_reduce_sum(t)
 
 
+def _gather_over_ranks(t: torch.Tensor, direction: str) -> torch.Tensor:
+    """Every rank's ``t`` (1-d) as the rows of a (world, len) tensor; no autograd (the caller's
+    backward is written by hand). torch 2.13 renamed ``all_gather_tensor`` (2.11, 2.12) to
+    ``all_gather_single`` and deprecated the old name: take whichever this torch has."""
+    from torch.distributed import _functional_collectives as fc
+
+    REDUCED[direction] += t.numel() * t.element_size()
+    gather = getattr(fc, "all_gather_single", None) or fc.all_gather_tensor
+    return gather(t, 0, dist.group.WORLD).view(-1, t.numel())
+
+
+def strip_moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per channel of ``x`` (batch, channels, ...): the count (a (1,) tensor), the mean and the
+    biased variance, by ``torch.var_mean`` (no temporary the size of ``x``). A rank sends
+    ``(count, mean, var * count)`` -- its M2 -- to ``numerics.combine_moments``."""
+    n = x.numel() // x.shape[1]
+    var, mean = torch.var_mean(x, [0, *range(2, x.dim())], correction=0)
+    return mean.new_full((1,), n), mean, var
+
+
+def sums_combination(counts: torch.Tensor, means: torch.Tensor,
+                     m2s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The form ``GlobalBatchNorm`` used before: each part's sums of x and of x^2 (from its count,
+    mean and M2), summed over parts, then ``E[x^2] - E[x]^2``. Kept only to show what it loses
+    (``fp32_combination_error``): the subtraction cancels the digits the mean shares with x^2.
+    Arguments and result as ``numerics.combine_moments``'."""
+    n = counts.sum()
+    mean = (means * counts).sum(0) / n
+    var = ((m2s / counts + means * means) * counts).sum(0) / n - mean * mean
+    return n, mean, var
+
+
 class GlobalBatchNorm(torch.autograd.Function):
     """Training-mode BatchNorm of this rank's strip with the statistics of the whole image.
 
-    Forward: per-channel count, mean and biased variance of the strip (``var_mean``, no
-    temporary the size of the input), all-reduced as sums and sums of squares; the output by
-    ``F.batch_norm`` with those statistics. Saved for backward: the input and per-channel
+    Forward: per-channel count, mean and M2 of the strip (``strip_moments``), all-gathered and
+    combined by ``numerics.combine_moments`` (Chan et al.: no ``E[x^2] - E[x]^2`` cancellation);
+    the output by ``F.batch_norm`` with those statistics. Saved for backward: the input and per-channel
     vectors, as ``nn.BatchNorm2d`` saves (so the memory figures match one process's).
     Backward: the per-channel sums of ``dy`` and ``dy * (x - mean)`` are all-reduced, then
     ``dx = (dy - mean(dy) - x_hat * mean(dy * x_hat)) * invstd * weight``; the weight and bias
@@ -160,15 +197,12 @@ class GlobalBatchNorm(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
                 sync: bool, log: list, bn: nn.Module) -> torch.Tensor:
         c = x.shape[1]
-        dims = [0, *range(2, x.dim())]
-        n = x.numel() // c
-        var, mean = torch.var_mean(x, dims, correction=0)
-        count = mean.new_full((), n)  # a tensor: under fake tensors its value cannot be read
+        count, mean, var = strip_moments(x)  # count: a tensor (under fake tensors it cannot be read)
         if sync:
-            s = _sum_over_ranks(torch.cat([mean * n, (var + mean * mean) * n, count[None]]), "forward")
-            count = s[-1]
-            mean = s[:c] / count
-            var = s[c:2 * c] / count - mean * mean
+            s = _gather_over_ranks(torch.cat([count, mean, var * count]), "forward")
+            count, mean, var = combine_moments(s[:, :1], s[:, 1:c + 1], s[:, c + 1:])
+        else:
+            count = count[0]
         log.append((bn, mean, var, count))
         y = F.batch_norm(x, mean, var, weight, bias, training=False, momentum=0.0, eps=eps)
         invstd = torch.rsqrt(var + eps)
@@ -197,6 +231,58 @@ class GlobalBatchNorm(torch.autograd.Function):
         gx.addcmul_(gy, b.view(shape))
         affine = weight is not None
         return gx, gw if affine else None, gb if affine else None, None, None, None, None
+
+
+def fp32_combination_error(image: Sequence[int] = FULL_IMAGE, world: int = 8, channels: int = 8,
+                           offsets: Sequence[float] = (0.0, 3.0, 30.0), seed: int = 0):
+    """How many digits the old form (``sums_combination``, E[x^2] - E[x]^2) loses in fp32 against
+    the new one (``combine_moments``), on the statistics of a stem-like activation of an X-ray at
+    full resolution split in strips. About 1 CPU-s at the defaults.
+
+    The activation: DenseNet-169's stem convolution (7x7, stride 2, its default initialisation
+    under ``seed``; the first ``channels`` of its 64 filters) applied in fp32 to an image of
+    ``image`` pixels, its height padded to a multiple of 32 x ``world`` as the split needs
+    (2000 -> 2048), each pixel ``offset + N(0, 1)``; that is, the input of the stem's BatchNorm.
+    ``world`` strips of its rows (one per rank) give their ``strip_moments``; both forms combine
+    them. Reference: the float64 statistics of the same fp32 activation. Returns a DataFrame, one
+    row per offset: the offset (in units of the image's spread), the activation's largest
+    |mean| / std over channels, and the largest relative error of the variance over channels for
+    the old form and the new one. ``df.attrs``: ``method``, ``assumption``, ``eps`` (fp32's
+    machine epsilon) and ``seconds``."""
+    import pandas as pd
+
+    t0 = time.perf_counter()
+    height = aligned_height(image[0], world)
+    torch.manual_seed(seed)
+    weight = nn.Conv2d(1, DENSENET169["num_init_features"], 7, stride=2, padding=3, bias=False).weight
+    weight = weight.detach()[:channels]
+    noise = torch.randn(1, 1, height, image[1], generator=torch.Generator().manual_seed(seed))
+    rows = []
+    for offset in offsets:
+        with torch.no_grad():
+            x = F.conv2d(noise + offset, weight, None, 2, 3)
+        parts = [strip_moments(strip) for strip in x.chunk(world, 2)]
+        sent = torch.stack([torch.cat([n, mean, var * n]) for n, mean, var in parts])  # (world, 2c + 1)
+        gathered = sent[:, :1], sent[:, 1:channels + 1], sent[:, channels + 1:]
+        ref_var, ref_mean = torch.var_mean(x.double(), [0, 2, 3], correction=0)
+        err = {name: ((form(*gathered)[2].double() - ref_var).abs() / ref_var).max().item()
+               for name, form in (("old", sums_combination), ("new", combine_moments))}
+        rows.append({"image offset (spreads)": offset,
+                     "activation |mean| / std": (ref_mean.abs() / ref_var.sqrt()).max().item(),
+                     "old: E[x^2] - mean^2": err["old"], "new: count, mean, M2": err["new"],
+                     "old / new": err["old"] / err["new"] if err["new"] else math.inf})
+    df = pd.DataFrame(rows)
+    df.attrs.update(
+        method=(f"DenseNet-169's stem conv (first {channels} of 64 filters, seed {seed}) on a {height} x {image[1]} "
+                f"image, fp32; {world} strips of {x.shape[2] // world} x {x.shape[3]} activation rows, one per "
+                "rank; relative error of the variance, largest over channels, against float64 statistics of "
+                "the same activation"),
+        assumption=("each pixel is offset + N(0, 1): offset 0 is a normalised image; an X-ray scaled to [0, 1] "
+                    "without subtracting its mean sits a few spreads above zero (offset ~3, assumed, not "
+                    "measured on seed 004's X-rays). The old form's error grows as (mean / std)^2 of the "
+                    "activation, the new form's does not: a larger offset widens the gap"),
+        eps=torch.finfo(torch.float32).eps, seconds=time.perf_counter() - t0)
+    return df
 
 
 # --------------------------------------------------------------------------------------------
@@ -508,7 +594,7 @@ def check_split(world: int = 2, image: Sequence[int] = (128, 64), batch: int = 2
     of the parameter gradients, the loss, the logits and the running statistics vs one process,
     and the logits' spread over ranks), ``grads`` (the split's difference per parameter),
     ``exchange`` (per rank: rows owned, halo bytes sent in forward and backward, BatchNorm bytes
-    all-reduced, the bytes of the strip's input and of the activations whose halos were sent,
+    sent (statistics and gradient sums), the bytes of the strip's input and of the activations whose halos were sent,
     halo / activation in %), ``seconds`` (the launch's wall time) and ``method``."""
     import pandas as pd
 
@@ -526,7 +612,7 @@ def check_split(world: int = 2, image: Sequence[int] = (128, 64), batch: int = 2
         "rank": res["rank"], "rows": f"{res['rows'][0]}-{res['rows'][1]}",
         "halo sent fwd (KiB)": res["sent_bytes"]["forward"] / 1024,
         "halo sent bwd (KiB)": res["sent_bytes"]["backward"] / 1024,
-        "BN all-reduced (KiB)": (res["reduced_bytes"]["forward"] + res["reduced_bytes"]["backward"]) / 1024,
+        "BN statistics sent (KiB)": (res["reduced_bytes"]["forward"] + res["reduced_bytes"]["backward"]) / 1024,
         "input strip (KiB)": res["strip_bytes"] / 1024,
         "exchanged activations (KiB)": res["halo_source_bytes"] / 1024,
         "halo fwd / activations (%)": 100 * res["sent_bytes"]["forward"] / max(res["halo_source_bytes"], 1),

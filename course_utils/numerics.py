@@ -7,6 +7,9 @@
   ``uses_batch_stats`` (does the layer normalise with the batch's statistics?), ``normalise``
   (with given statistics, then the affine map) and ``update_running_stats`` (the running mean and
   variance, as ``nn.BatchNorm`` updates them in training mode).
+* ``combine_moments`` -- the statistics of the whole from each part's (count, mean, M2), Chan et
+  al.'s combination: ``parallel.CrossReplicaBatchNorm3d`` and ``densenet_spatial.GlobalBatchNorm``
+  combine their ranks' statistics with it.
 """
 
 from __future__ import annotations
@@ -44,6 +47,21 @@ def normalise(bn: nn.Module, x: torch.Tensor, mean: torch.Tensor, var: torch.Ten
     if bn.affine:
         y = y * bn.weight.view(shape) + bn.bias.view(shape)
     return y
+
+
+def combine_moments(counts: torch.Tensor, means: torch.Tensor,
+                    m2s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The count, mean and biased variance of a whole from its parts' statistics, one part a row:
+    ``counts`` (parts, 1), ``means`` and ``m2s`` (parts, channels), ``M2`` being a part's sum of
+    squared deviations from its own mean. Chan, Golub and LeVeque's combination (1979):
+    ``M2 = sum_r M2_r + n_r (mean_r - mean)^2``. Every term is a squared deviation, so nothing
+    cancels; the sums of ``x`` and ``x^2`` (``E[x^2] - E[x]^2``) lose the digits that the mean
+    shares with ``x^2`` when the mean is large against the spread. Returns ``(n, mean, var)``,
+    ``n`` a 0-d tensor (it stays a tensor: under fake tensors its value cannot be read)."""
+    n = counts.sum()
+    mean = (counts * means).sum(0) / n
+    var = (m2s + counts * (means - mean).square()).sum(0) / n
+    return n, mean, var
 
 
 def update_running_stats(bn: nn.Module, mean: torch.Tensor, var: torch.Tensor, count: int) -> None:

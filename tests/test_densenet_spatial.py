@@ -2,15 +2,18 @@
 gradients, loss, logits and running statistics equal one process's in float64 (gloo, through
 ``course_utils.parallel.launch``); the same comparison fails without halos or with per-strip
 BatchNorm statistics; a misaligned height is refused with the fix; the per-GPU memory predictor
-agrees with the plain ``predict_step`` at one rank."""
+agrees with the plain ``predict_step`` at one rank; in fp32 the ranks' statistics combine to
+float64's to rounding where E[x^2] - E[x]^2 loses digits."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from course_utils import densenet_spatial as ds
+from course_utils.numerics import combine_moments
 
 RTOL = 1e-9
 
@@ -90,6 +93,61 @@ def test_global_batchnorm_backward_equals_batchnorm():
                               [x, bn.weight, bn.bias], gy)
     for e, g in zip(expected, got, strict=True):
         torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
+
+
+@pytest.fixture()
+def one_rank_group():
+    """A real process group of one rank (gloo) in this process, so that ``GlobalBatchNorm`` runs
+    its all-gather and its combination; destroyed after the test."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_global_batchnorm_statistics_match_float64_in_fp32(one_rank_group):  # noqa: ARG001 - the group
+    """The ranks' statistics are combined as (count, mean, M2), not as sums of x and x^2: with a
+    mean 1000 times the spread, E[x^2] - E[x]^2 in fp32 keeps two of the variance's digits (the
+    code before issue 41 failed this test: its variance was off by 1.2 %, checked by running this
+    test against it); Chan et al.'s combination keeps the variance to fp32 rounding, and the
+    output with it."""
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm2d(3)
+    x = 1000 + torch.randn(2, 3, 64, 64)
+    log: list = []
+    y = ds.GlobalBatchNorm.apply(x, bn.weight, bn.bias, bn.eps, True, log, bn)
+    ref_var, ref_mean = torch.var_mean(x.double(), [0, 2, 3], correction=0)
+    _, mean, var, count = log[0]
+    eps = torch.finfo(torch.float32).eps
+    assert int(count) == 2 * 64 * 64
+    assert ((var.double() - ref_var).abs() / ref_var).max() < 4 * eps
+    assert ((mean.double() - ref_mean).abs() / ref_mean).max() < 4 * eps
+    expected = (x.double() - ref_mean.view(1, 3, 1, 1)) / (ref_var.view(1, 3, 1, 1) + bn.eps).sqrt()
+    assert (y.double() - expected).abs().max() < 1e-3  # x itself holds 1000 to 6e-5: its deviations to 1e-4
+
+
+def test_combine_moments_of_strips_is_the_whole():
+    """Strips of unequal sizes (float64): the combined count, mean and variance are the whole's."""
+    x = 5 + torch.randn(1, 4, 37, 11, dtype=torch.float64)
+    parts = [ds.strip_moments(s) for s in x.split([5, 20, 12], 2)]
+    n, mean, var = combine_moments(torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]),
+                                   torch.stack([p[2] * p[0] for p in parts]))
+    ref_var, ref_mean = torch.var_mean(x, [0, 2, 3], correction=0)
+    assert n.item() == 37 * 11
+    torch.testing.assert_close(mean, ref_mean, rtol=1e-14, atol=0)
+    torch.testing.assert_close(var, ref_var, rtol=1e-13, atol=0)
+
+
+def test_fp32_combination_error_old_form_loses_digits_new_does_not():
+    """What notebook 12 shows at 2000^2, at a small size: the new form stays at fp32's rounding at
+    every offset; the old one loses more than one digit at an offset of 30 spreads (about three
+    at 2000^2, where the zero-padded border weighs less in the activation's spread)."""
+    df = ds.fp32_combination_error(image=(256, 256), world=4, channels=4, offsets=(0.0, 30.0))
+    eps = df.attrs["eps"]
+    assert (df["new: count, mean, M2"] < 4 * eps).all(), df
+    assert df["old: E[x^2] - mean^2"].iloc[-1] > 30 * df["new: count, mean, M2"].iloc[-1], df
+    assert df["activation |mean| / std"].iloc[-1] > 10 > df["activation |mean| / std"].iloc[0]
 
 
 @pytest.mark.parametrize("height, world", [(2000, 1), (2000, 8), (100, 2), (96, 2)])

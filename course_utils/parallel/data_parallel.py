@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..memory import SavedTensorMeter
-from ..numerics import normalise, relative_error, update_running_stats
+from ..numerics import combine_moments, normalise, relative_error, update_running_stats
 from ..unet import UNet3D
 from .launcher import compared
 
@@ -35,10 +35,10 @@ class CrossReplicaBatchNorm3d(nn.BatchNorm3d):
     fp32 at least (an fp16 count overflows past 65,504 values per channel, and fp16 sums lose the
     mean) -- then the ranks **all-gather** these triples with the autograd-aware
     ``all_gather_single_autograd`` of ``torch.distributed._functional_collectives`` and combine them
-    with Chan et al.'s pairwise formula (``M2 = sum M2_r + n_r (mean_r - mean)^2``), which has no
-    ``E[x^2] - E[x]^2`` cancellation. Gradients flow back through the all-gather (its backward
-    is a reduce-scatter), so each rank's input gradient includes its effect on the global
-    statistics. Outside a process group, or in eval mode, it is BatchNorm3d.
+    with Chan et al.'s formula (``numerics.combine_moments``: ``M2 = sum M2_r + n_r (mean_r -
+    mean)^2``), which has no ``E[x^2] - E[x]^2`` cancellation. Gradients flow back through the
+    all-gather (its backward is a reduce-scatter), so each rank's input gradient includes its
+    effect on the global statistics. Outside a process group, or in eval mode, it is BatchNorm3d.
 
     ``nn.SyncBatchNorm`` does the same job on accelerators (torch 2.13, ``nn/modules/_functions.py``):
     forward all-gathers each rank's (mean, invstd, count) and combines them with
@@ -62,10 +62,7 @@ class CrossReplicaBatchNorm3d(nn.BatchNorm3d):
         count_r = torch.full((1,), float(x.numel() // c), dtype=mean_r.dtype, device=x.device)
         stats = _all_gather_autograd(torch.cat([count_r, mean_r, m2_r]))
         stats = stats.view(world, 2 * c + 1)
-        counts, means, m2s = stats[:, :1], stats[:, 1:c + 1], stats[:, c + 1:]
-        n = counts.sum()
-        mean = (counts * means).sum(0) / n
-        var = (m2s + counts * (means - mean).square()).sum(0) / n  # biased: what BN normalises with
+        n, mean, var = combine_moments(stats[:, :1], stats[:, 1:c + 1], stats[:, c + 1:])  # var: biased
         update_running_stats(self, mean, var, int(n.item()))
         return normalise(self, xf, mean, var).to(x.dtype)
 
