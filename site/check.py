@@ -20,7 +20,8 @@ Serves ``build/site`` on 127.0.0.1 and loads every page in headless Chromium (De
 * math not typeset: an element Sphinx marks ``math`` without MathJax's output in it;
 * at a phone's width (390 px; every page is loaded again): a page wider than the screen, a
   figure shown below 60 % of the size it was drawn (its labels unreadable), an output wider than
-  its box without the scroll cue, and Furo's "Back to top" pill over text after a scroll.
+  its box without the scroll cue, the top banner (Furo's announcement) cut instead of wrapped,
+  and Furo's "Back to top" pill over text after a scroll.
 
 It also lists, without failing, what a learner reading the pages would notice: tables cut with
 "...", NaN cells, long decimals, stderr boxes, widget error texts, and small figures. Screenshots
@@ -268,6 +269,12 @@ for (const el of document.querySelectorAll('.cell_output img, .cell_output table
   if (!a.classList.contains('scrolls-x') || !cue || !cue.classList.contains('scroll-cue'))
     out.uncued.push(what);
 }
+// the top banner (Furo's announcement): its whole text on the screen, wrapped, not in a box that
+// scrolls sideways without a cue (Furo's default: one line, overflow-x auto, scrollbar hidden on phones)
+const banner = document.querySelector('.announcement');
+if (banner && banner.scrollWidth > banner.clientWidth + 1)
+  out.cut.push(`the top banner is cut: its text is ${banner.scrollWidth} px wide in a ${banner.clientWidth} px box ` +
+               `(overflow-x: ${getComputedStyle(banner).overflowX}, no cue): let it wrap (course.css)`);
 return out;
 """.replace("__MIN_SCALE__", str(MIN_FIGURE_SCALE))
 

@@ -192,6 +192,13 @@ WIDE = ('<div class="cell"><div class="cell_output"><div class="output text_html
         # as myst-nb writes a figure: the <img> right in the cell's output box
         '<div class="cell"><div class="cell_output"><img src="../_images/wide.png"></div></div>')
 LONG = "".join(f"<p>line {i} of the text a learner reads</p>" for i in range(200))
+# Furo's top banner (the announcement) as furo 2025.12.19 renders and styles it (its furo.css):
+# one line of the header's height that scrolls sideways, its scrollbar hidden on a phone
+FURO_BANNER_CSS = ("<style>:root{--header-height:3rem}.announcement{align-items:center;display:flex;"
+                   "height:var(--header-height);overflow-x:auto}.announcement-content{box-sizing:border-box;"
+                   "min-width:100%;padding:.5rem;text-align:center;white-space:nowrap}</style>")
+FURO_BANNER = ('<div class="announcement"><aside class="announcement-content">Built 2026-11-28 &middot; outputs '
+               'executed on NVIDIA H200 at the <code>tiny</code> preset &middot; torch 2.13.0+cpu</aside></div>')
 
 
 def phone_site(site: Path, with_course: bool) -> None:
@@ -205,14 +212,14 @@ def phone_site(site: Path, with_course: bool) -> None:
     for name in ("course.css", "course.js"):
         shutil.copy(STATIC / name, site / name)
     pill = '<button class="back-to-top" style="position:fixed;top:40px;left:40px">Back to top</button>'
-    write(site, "notebooks/a.html", BANNER + WIDE + LONG + pill,
-          head=ICON + (COURSE if with_course else "<style>img{max-width:100%}</style>"))
+    write(site, "notebooks/a.html", FURO_BANNER + BANNER + WIDE + LONG + pill,
+          head=ICON + FURO_BANNER_CSS + (COURSE if with_course else "<style>img{max-width:100%}</style>"))
 
 
 def test_phone_defects_fail(clean_site):
     phone_site(clean_site, with_course=False)
     failures = run(clean_site, phone=True)["failures"]
-    for defect in ("page is", "figure too small to read", "Back to top"):
+    for defect in ("page is", "figure too small to read", "Back to top", "the top banner is cut"):
         assert any("390 px" in f and defect in f for f in failures), (defect, failures)
     assert all("390 px" in f for f in failures), failures  # the desktop pass finds nothing
 
@@ -220,6 +227,16 @@ def test_phone_defects_fail(clean_site):
 def test_course_css_and_js_pass_the_phone_checks(clean_site):
     phone_site(clean_site, with_course=True)
     assert run(clean_site, phone=True)["failures"] == []
+
+
+def test_a_top_banner_cut_at_390_px_fails_and_course_css_wraps_it(clean_site):
+    """Furo's announcement showed "Built ... executed on CPU at the ti" at 390 px and nothing said
+    that the rest scrolls: course.css lets it wrap."""
+    phone_site(clean_site, with_course=True)
+    assert run(clean_site, phone=True)["failures"] == []
+    css = (clean_site / "course.css").read_text()
+    (clean_site / "course.css").write_text(css.replace("white-space: normal", "white-space: nowrap"))
+    only(run(clean_site, phone=True), "the top banner is cut")
 
 
 def test_uncued_scrolling_box_fails(clean_site):
