@@ -112,14 +112,14 @@ mutation: install ## plant hand-written bugs one at a time; the unit tests must 
 
 # --- a new notebook with its exercise (CONTRIBUTING.md, "Adding a notebook")
 .PHONY: new-notebook check-notebook test-scaffold
-new-notebook: install ## a new notebook from course_utils/templates/: make new-notebook NN=12 TITLE="Activation offloading"
+new-notebook: install ## a new notebook from course_utils/templates/: make new-notebook NN=13 TITLE="Activation offloading"
 	$(BIN)/python -m course_utils.scaffold $(NN) "$(TITLE)"
 
 # the tests check-notebook runs beside notebook NN's own (tests/test_scaffold.py runs the same on a scaffolded copy)
 CHECK_TESTS = tests/test_course_layout.py tests/test_check_cells.py tests/test_exercises.py tests/test_grading.py tests/test_readme.py
 CHECK_K = course_layout or check_cells or every_exercise or three_parts or committed_exercises or nbgrader_metadata or release_has_no_answers or teaching_timings or readme_blocks
-check-notebook: install ## scaffold --check, then the layout tests and notebook NN's: make check-notebook NN=12
-	@test -n "$(NN)" || { echo "give the notebook's number: make check-notebook NN=12"; exit 2; }
+check-notebook: install ## scaffold --check, then the layout tests and notebook NN's: make check-notebook NN=13
+	@test -n "$(NN)" || { echo "give the notebook's number: make check-notebook NN=13"; exit 2; }
 	$(BIN)/python -m course_utils.scaffold --check
 	$(BIN)/python -m pytest -q -p no:xdist -k "$(NN) or $(CHECK_K)" $(CHECK_TESTS) notebooks/$(NN)_*.ipynb solutions/$(NN)_*.ipynb
 
