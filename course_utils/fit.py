@@ -421,13 +421,15 @@ class _Fitter:
                 + 2 * moved / g.pcie_bytes_per_s)
 
     def largest(self, peak: Callable[[int], int], fixed: int, per_sample: float, start: tuple[int, int],
-                checks: int) -> tuple[int, bool]:
+                checks: int, boundary: bool = True) -> tuple[int, bool]:
         """The largest batch with peak(b) <= usable: the affine guess (``fixed + b x per_sample``),
         then at most ``checks`` predictions, each at the secant's batch through the nearest two
         known points, kept between the largest batch known to fit and the smallest known not to.
-        Returns (batch, verified): verified when the batch is predicted to fit and (``checks`` >= 2)
-        batch + 1 not to; with ``checks=1``, when the batch is predicted to fit. The plain step
-        takes 3: the guess (the line's second point), the secant's batch, and its neighbour."""
+        Returns (batch, verified): with ``boundary``, verified when the batch is predicted to fit
+        and batch + 1 not to; without, the first predicted batch that fits, verified (a lower
+        bound within the line's error). The plain step takes 3 with ``boundary``: the guess (the
+        line's second point), the secant's batch, and its neighbour; a technique's row 2 without:
+        the guess and, where the line overshot, the secant's batch."""
         budget = self.usable
         if per_sample <= 0:
             raise FitError("the prediction does not grow with the batch: cannot size a batch")
@@ -443,14 +445,14 @@ class _Fitter:
                 points[guess] = peak(guess)
             if points[guess] <= budget:
                 lo = max(lo, guess)
-                if checks == 1:
+                if not boundary:
                     return lo, True
             else:
                 hi = guess if hi is None else min(hi, guess)
             guess = _secant(points, guess, budget, per_sample)
             if guess == lo:
                 guess = lo + 1
-        verified = hi is not None and hi == lo + 1
+        verified = boundary and hi is not None and hi == lo + 1
         return lo, verified
 
 
@@ -544,8 +546,9 @@ def _rows(f: _Fitter, spec: StepSpec, info: dict[str, Any], batch: int, techniqu
             note += ("; " if note else "") + (f"largest batch: {lb} predicted to fit, {lb + 1} not checked"
                                               if lb and tech == BASELINE else "largest batch: affine estimate, unverified")
         after = sum(v for k, v in (p.after_forward or {}).items() if k != "Total") if p is not None else 0
+        where = peak_where(p) if p is not None and _gpus(tech) == 1 else ("", "")
         rows.append(Row(tech, peak, breakdown, needs, needs <= f.card_gib * 2**30, lb, seconds, note, ok,
-                        _gpus(tech), after))
+                        _gpus(tech), after, where))
 
     fixed, per = _fixed_and_per_sample(base, batch)
     row(BASELINE, base, base.peak, base.breakdown,
@@ -577,12 +580,12 @@ def _one_gpu_row(f: _Fitter, tech: str, info: dict[str, Any], batch: int, base: 
     if p.breakdown == base.breakdown:  # the same step (e.g. in-place where nothing it overwrites was kept)
         lb = base_largest
     else:  # checked to fit: a lower bound within the line's error
-        lb = f.largest(lambda b, t=tech: f.predict(t, b).peak, fx, ps, (batch, p.peak), 1)
+        lb = f.largest(lambda b, t=tech: f.predict(t, b).peak, fx, ps, (batch, p.peak), 2, boundary=False)
     moved = f.cost("offload", batch).packed_bytes if tech == "offload" else 0
     same = abs(p.peak - base.peak) <= 0.005 * base.peak
     note = {"offload": f"{moved / 2**20:,.0f} MiB to the host and back over PCIe per step",
-            "inplace": f"{len(info['activations_off'])} activation modules switched"
-            + ("; peak unchanged: the tensors they overwrite were not kept for backward anyway" if same else ""),
+            "inplace": ("peak unchanged; " if same else "") + f"{len(info['activations_off'])} activations in place"
+            + ("; the tensors they overwrite were not kept for backward anyway" if same else ""),
             "checkpoint-blocks": f"{len(info['blocks'])} blocks recomputed in backward",
             "selective": f"{len(info['blocks'])} blocks; conv/matmul outputs kept"}.get(tech, "")
     key = "baseline" if tech in ("inplace", "offload") else tech
@@ -660,9 +663,9 @@ def _parallel_row(f: _Fitter, tech: str, info: dict[str, Any], batch: int, row: 
         def peak(bb: int) -> int:
             return f.predict("baseline", bb).peak + buckets
 
-        lb, ok = f.largest(peak, fx + buckets, ps, (local, p.peak + buckets), 1)
+        lb, ok = f.largest(peak, fx + buckets, ps, (local, p.peak + buckets), 2, boundary=False)
         row(tech, p, p.peak + buckets, b, (lb * n, ok), seconds,
-            f"{local}/GPU on {n} GPUs; + {buckets / 2**20:,.1f} MiB DDP buckets; communication not counted")
+            f"time: no communication; {local}/GPU on {n} GPUs; + {buckets / 2**20:,.1f} MiB DDP buckets")
         return
 
     loop = f.spec.loop
@@ -687,10 +690,11 @@ def _parallel_row(f: _Fitter, tech: str, info: dict[str, Any], batch: int, row: 
         q = f.predict("baseline", bb).breakdown
         return state + q["Activation"] + q["Temp"] + q["Other"]
 
-    lb, ok = f.largest(peak, state, ps, (local, state + sum(rest_of.values())), 1)
+    lb, ok = f.largest(peak, state, ps, (local, state + sum(rest_of.values())), 2, boundary=False)
     row(tech, p, state + sum(rest_of.values()), {**work, **rest_of}, (lb * n, ok), seconds,
-        f"{local}/GPU on {n} GPUs, {n_units} units; resting {resting / 2**20:,.0f} MiB/GPU, working state "
-        f"{state / 2**20:,.0f} MiB + activations of batch {local} (an upper bound); communication not counted")
+        f"peak: upper bound; time: no communication; {local}/GPU on {n} GPUs, {n_units} units; resting "
+        f"{resting / 2**20:,.0f} MiB/GPU, working state {state / 2**20:,.0f} MiB + the activations of batch "
+        f"{local}, added as if at one moment")
 
 
 def largest_batch(build: Callable[[], nn.Module] | str, input_shape: Sequence[int] | str, card_gib: float = 8.0,

@@ -14,6 +14,11 @@ returns an ``nn.Module`` made from ``torch.nn`` only (torchvision is not a depen
 * ``conv1d_net`` -- a 1D conv net for signals: conv-BN-ReLU blocks (each halving the length with
   a stride-2 convolution), global average pooling, a linear head.
 
+And a count by hand of what ``resnet18_2d`` keeps for backward, to check a prediction against
+(notebook 11): ``stem_saved_by_hand`` (conv1, bn1, relu, maxpool), ``block_saved_by_hand`` (one
+``BasicBlock`` of stride 1, module by module) and ``resnet18_saved_by_hand`` (the stem and the
+first stage's two blocks, about 72 % of what the network keeps at 224 x 224).
+
 ``python -m course_utils.fit course_utils.fit_examples:resnet18_2d --input 32,3,224,224 --card 8``
 """
 
@@ -165,3 +170,63 @@ def conv1d_net(in_channels: int = 1, num_classes: int = 5, widths: tuple[int, ..
         c = w
     layers += [nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(c, num_classes)]
     return nn.Sequential(*layers)
+
+
+# --------------------------------------------------------------------------------------------
+# What resnet18_2d keeps for backward, counted by hand (fp32; the saved-tensor meter's rules:
+# each storage once, at the first module that saves it; buffers count, parameters do not)
+# --------------------------------------------------------------------------------------------
+FP32, INT64 = 4, 8  # bytes per value
+
+
+def _half(side: int, kernel: int) -> int:
+    """The side after a stride-2 layer that pads ``kernel // 2`` (ResNet's 7 x 7 conv, 3 x 3 max pool)."""
+    return (side + 2 * (kernel // 2) - kernel) // 2 + 1
+
+
+def bn_stats_bytes(channels: int) -> int:
+    """What a BatchNorm keeps beside its input: its batch mean and inverse standard deviation,
+    and references to its running mean and variance (buffers: resident anyway, but the meter
+    counts every storage that is not a parameter), 4 x C fp32 values."""
+    return 4 * channels * FP32
+
+
+def stem_saved_by_hand(batch: int, side: int, in_channels: int = 3, width: int = 64) -> dict[str, int]:
+    """ResNet's stem on ``batch`` images of ``side`` x ``side``, module by module: ``conv1`` keeps
+    its input (the images); ``bn1`` keeps its input (conv1's output, ``width`` channels at half
+    the side) and its statistics; ``relu`` keeps its output (its backward needs where it is > 0),
+    the same size again; ``maxpool`` keeps the int64 indices of its output (a quarter of the side),
+    and its input, which is relu's output: counted there."""
+    s1 = _half(side, 7)
+    s2 = _half(s1, 3)
+    stem = batch * width * s1 * s1 * FP32
+    return {"conv1": batch * in_channels * side * side * FP32, "bn1": stem + bn_stats_bytes(width),
+            "relu": stem, "maxpool": batch * width * s2 * s2 * INT64}
+
+
+def block_saved_by_hand(batch: int, channels: int, side: int, input_counted: bool) -> dict[str, int]:
+    """One ``BasicBlock`` of stride 1 without a downsample (``channels`` in and out, ``side`` x
+    ``side``), module by module. Every tensor in it is ``batch x channels x side x side`` fp32:
+
+    * ``conv1`` keeps its input x -- unless a module before kept x already (``input_counted``:
+      the previous block's ``relu2``), then 0;
+    * ``bn1`` keeps its input (conv1's output) and its statistics;
+    * ``relu1`` keeps its output, which ``conv2`` keeps as its input (one storage: 0 for conv2);
+    * ``bn2`` keeps its input (conv2's output) and its statistics;
+    * the sum ``out + x`` keeps nothing (its backward passes the gradient through);
+    * ``relu2`` keeps its output (the next block's input)."""
+    t = batch * channels * side * side * FP32
+    return {"conv1": 0 if input_counted else t, "bn1": t + bn_stats_bytes(channels), "relu1": t, "conv2": 0,
+            "bn2": t + bn_stats_bytes(channels), "relu2": t}
+
+
+def resnet18_saved_by_hand(batch: int, side: int, in_channels: int = 3) -> dict[str, int]:
+    """``resnet18_2d``'s stem and its first stage (``layer1``: two blocks of 64 channels at a
+    quarter of the side), by hand, keyed as the modules are named (``layer1.0.bn1``, ...). The
+    first block's input is maxpool's output, which no module kept before: its conv1 counts it;
+    the second block's input is the first block's output, kept by its relu2."""
+    out = stem_saved_by_hand(batch, side, in_channels)
+    s = _half(_half(side, 7), 3)
+    for i in range(2):
+        out.update({f"layer1.{i}.{k}": v for k, v in block_saved_by_hand(batch, 64, s, input_counted=i > 0).items()})
+    return out

@@ -1,5 +1,6 @@
 """What ``fit`` found, as a report: ``Row`` (one technique), ``FitReport`` (the rows, the plain
 step's prediction, the budget's lines, the loop), in words (``summary``), as tables (``table``,
+six columns with short notes; ``show_table``: the table with its footnotes, the notes in full;
 ``by_module``), as drawings (``plot``, ``plot_frontier``) and as data (``to_dict``: the CLI's
 ``--json``). ``fit`` computes; this module only presents.
 """
@@ -7,6 +8,7 @@ step's prediction, the budget's lines, the loop), in words (``summary``), as tab
 from __future__ import annotations
 
 import contextlib
+import html
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -17,6 +19,9 @@ from .loops import Loop
 from .memory import mib
 
 BASELINE = "none (fp32)"
+#: a note longer than this is cut at a "; " in ``table`` and given in full as a footnote (pandas'
+#: default ``display.max_colwidth`` is 50: a note the table shows is never cut by the display)
+NOTE_WIDTH = 50
 #: the bar categories (MemTracker's) and the names ``FitReport.breakdown`` gives them
 _RENAME = {"Temp": "Temporary"}
 GiB = 2**30
@@ -38,6 +43,7 @@ class Row:
     verified: bool = True  # the largest batch was predicted to fit (and, for the plain step, b + 1 not to)
     gpus: int = 1  # ddp-N / fsdp-N: N (time is then the wall time of a step on N GPUs)
     after_forward: int = 0  # bytes allocated when the model's forward returns
+    peak_location: tuple[str, str] = ("", "")  # (module, phase) of the peak; one-GPU rows only
 
 
 def main_parts(b: dict[str, int]) -> dict[str, int]:
@@ -110,16 +116,50 @@ class FitReport:
         base = self.rows[0].seconds
         return round(r.seconds / base, 2) if base and not math.isnan(base) and not math.isnan(r.seconds) else math.nan
 
+    def _notes(self) -> list[tuple[str, str]]:
+        """Each row's note as the table shows it (at most ``NOTE_WIDTH`` characters) and its
+        footnote ('' when the note fits): a longer note is cut after its last "; " that fits,
+        marked [k], and given in full as footnote [k]."""
+        out, k = [], 0
+        for r in self.rows:
+            if len(r.note) <= NOTE_WIDTH:
+                out.append((r.note, ""))
+                continue
+            k += 1
+            marker, head = f"[{k}]", ""
+            for part in r.note.split("; "):
+                if len(f"{head}; {part} ... [{k}]") > NOTE_WIDTH:
+                    break
+                head = f"{head}; {part}" if head else part
+            head = head or r.note[:NOTE_WIDTH - len(marker) - 5].rstrip()
+            out.append((f"{head} ... {marker}", f"{marker} {r.technique}: {r.note}"))
+        return out
+
     @property
     def table(self):
-        """One row per technique: technique, peak, card needs, fits, largest batch, time, note."""
+        """One row per technique, six columns: technique, peak, card needs, largest batch, time,
+        note (cut to ``NOTE_WIDTH``, with a footnote marker; ``footnotes`` has the notes in full)."""
         import pandas as pd
 
         return pd.DataFrame([{
             "technique": r.technique, "peak MiB": round(r.peak / 2**20, 1),
-            "card needs GiB": round(r.card_needs / GiB, 2), "fits": r.fits,
+            "card needs GiB": round(r.card_needs / GiB, 2),
             f"largest batch in {self.card_gib:g} GiB": r.largest_batch,
-            "time x baseline": self._ratio(r), "note": r.note} for r in self.rows])
+            "time x baseline": self._ratio(r), "note": short} for r, (short, _) in zip(self.rows, self._notes(),
+                                                                                       strict=True)])
+
+    @property
+    def footnotes(self) -> list[str]:
+        """What goes under ``table``: which rows fit the card, then each cut note in full."""
+        miss = [r.technique for r in self.rows if not r.fits]
+        which = "every row" if not miss else "no row" if len(miss) == len(self.rows) else \
+            "every row but " + ", ".join(miss)
+        fits = f"fits the {self.card_gib:g} GiB card (card needs <= {self.card_gib:g} GiB): {which}"
+        return [fits] + [note for _, note in self._notes() if note]
+
+    def show_table(self) -> NotedTable:
+        """``table`` with its ``footnotes`` under it: HTML in a notebook, text elsewhere."""
+        return NotedTable(self.table, self.footnotes)
 
     def budget_lines(self) -> list[str]:
         """What the card holds besides the predicted peak, one line each."""
@@ -149,8 +189,7 @@ class FitReport:
             lines += ["saved for backward, by top-level module:"]
             lines += ["  " + s for s in self.by_module.to_string(index=False).splitlines()] + [""]
         lines += [f"techniques (one at a time on the fp32 step; {self.time_assumption}):"]
-        with pandas_wide():
-            lines += ["  " + s for s in self.table.to_string(index=False).splitlines()]
+        lines += ["  " + s for s in repr(self.show_table()).splitlines()]
         if self.skipped:
             lines += ["", "not applicable:"] + [f"  {k}: {v}" for k, v in self.skipped.items()]
         if not math.isnan(self.rows[0].seconds):
@@ -179,6 +218,7 @@ class FitReport:
                       "fits": r.fits, "largest_batch": r.largest_batch, "largest_batch_verified": r.verified,
                       "time_x_baseline": None if math.isnan(self._ratio(r)) else self._ratio(r),
                       "gpus": r.gpus, "note": r.note, "breakdown_bytes": main_parts(r.breakdown),
+                      "peak_location": dict(zip(("module", "phase"), r.peak_location, strict=True)),
                       "allocated_after_forward_bytes": r.after_forward} for r in self.rows],
             "not_applicable": dict(self.skipped),
         }
@@ -197,25 +237,64 @@ class FitReport:
         return ax
 
     def plot_frontier(self, ax=None):
-        """Card needs against estimated time per step (x baseline); the Pareto front of the one-GPU
-        techniques joined (ddp-N / fsdp-N, triangles, spend N GPUs: not on the same footing)."""
+        """Card needs against estimated time per step (x baseline, log scale), each technique a
+        marker of its own in the legend (rows at the same point share one: "a = b"), the Pareto
+        front of the one-GPU techniques joined (ddp-N / fsdp-N, triangles, spend N GPUs: not on
+        the same footing). The memory axis fits the points; the card's line is drawn where it
+        falls inside it, and said in the title where it does not."""
         import matplotlib.pyplot as plt
 
         if ax is None:
             _, ax = plt.subplots(figsize=(7, 4))
-        front = self._front()
-        pts = [(self._ratio(r), r.card_needs / GiB, r, f) for r, f in zip(self.rows, front, strict=True)]
-        for t, m, r, f in pts:
-            ax.scatter(t, m, color="C3" if f else "grey", marker="o" if r.gpus == 1 else "^", zorder=3)
-            ax.annotate(r.technique, (t, m), fontsize=7, xytext=(4, 3), textcoords="offset points")
-        fp = sorted((t, m) for t, m, _, f in pts if f)
-        ax.plot([t for t, _ in fp], [m for _, m in fp], "--", color="C3", label="Pareto front (one GPU)")
-        ax.scatter([], [], marker="^", color="grey", label="N GPUs (time: a step on all N)")
-        ax.axhline(self.card_gib, color="black", lw=1, ls=":", label=f"{self.card_gib:g} GiB card")
-        ax.set_xlabel("estimated time per step / baseline (" + self.time_assumption.split(":")[0] + ")")
+        groups: dict[tuple[float, float], list[tuple[Row, bool]]] = {}
+        for r, f in zip(self.rows, self._front(), strict=True):
+            groups.setdefault((self._ratio(r), round(r.card_needs / GiB, 3)), []).append((r, f))
+        for i, ((t, m), group) in enumerate(groups.items()):
+            front = any(f for _, f in group)
+            ax.scatter(t, m, color=f"C{i % 10}", marker="o" if group[0][0].gpus == 1 else "^", s=60, zorder=3,
+                       edgecolors="black" if front else "none",
+                       label=" = ".join(r.technique for r, _ in group) + (" (front)" if front else ""))
+        fp = sorted((t, m) for (t, m), group in groups.items() if any(f for _, f in group))
+        ax.plot([t for t, _ in fp], [m for _, m in fp], "--", color="grey", zorder=2, label="Pareto front (one GPU)")
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}" if round(v, 6) in (0.2, 0.3, 0.5, 2, 3, 5) else ""))
+        lo, hi = frontier_limits([m for _, m in groups])
+        ax.set_ylim(lo, hi)
+        title = "memory-time frontier"
+        if lo <= self.card_gib <= hi:
+            ax.axhline(self.card_gib, color="black", lw=1, ls=":", label=f"{self.card_gib:g} GiB card")
+        else:
+            title += f" ({self.card_gib:g} GiB card: {'above' if self.card_gib > hi else 'below'} this axis)"
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("estimated time per step / baseline, log scale (" + self.time_assumption.split(":")[0] + ")")
         ax.set_ylabel("card needs, GiB per GPU (predicted)")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
         return ax
+
+
+def frontier_limits(values: list[float]) -> tuple[float, float]:
+    """The memory axis of ``plot_frontier``: the points' range with 15 % of it (at least 0.05 GiB)
+    on each side, never below 0."""
+    lo, hi = min(values), max(values)
+    pad = max(0.15 * (hi - lo), 0.05)
+    return max(0.0, lo - pad), hi + pad
+
+
+class NotedTable:
+    """A table with footnotes under it (``FitReport.show_table``): HTML in a notebook (the notes
+    as a paragraph under the table), text elsewhere (``repr``); ``frame`` is the DataFrame."""
+
+    def __init__(self, frame: Any, notes: list[str]):
+        self.frame, self.notes = frame, notes
+
+    def _repr_html_(self) -> str:
+        notes = "<br>".join(html.escape(n) for n in self.notes)
+        return f"{self.frame.to_html(index=False)}<p style='font-size: 90%'>{notes}</p>"
+
+    def __repr__(self) -> str:
+        with pandas_wide():
+            return "\n".join([self.frame.to_string(index=False), *self.notes])
 
 
 @contextlib.contextmanager

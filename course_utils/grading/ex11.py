@@ -2,8 +2,8 @@
 learner and checked on breakdowns, cards and technique tables drawn from the seed.
 
 * ``fixed_and_per_sample(breakdown, batch)``: split a steady-state peak into what does not grow
-  with the batch and what each sample adds (``budget.batch_model``'s definition, which
-  ``fit`` uses);
+  with the batch and what each sample adds: the line ``peak(batch) = fixed + per_sample x batch``
+  that notebook 11 (section 2) defines, ``budget.batch_model``'s, which ``fit`` uses;
 * ``largest_batch(fixed, per_sample, card_gib, context_mib, slack)``: the largest batch whose
   peak fits the card, under ``budget.Overheads``' model of the card;
 * ``cheapest_fit(options, card_gib, context_mib, slack)``: the fastest technique that fits.
