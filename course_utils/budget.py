@@ -7,7 +7,8 @@ card needs more, and this module is the one place that says how much:
   for what a prediction cannot see (cuDNN workspaces, allocator rounding and fragmentation).
   ``overheads()`` reads the context measured on a GPU when a run was recorded (``recorded``),
   else assumes it, and says which in ``Overheads.source``; ``seed000_overheads()`` is the context
-  seed 000's own numbers imply (~1.1 GiB), the alternative a learner compares with.
+  seed 000's own numbers imply (~1.1 GiB), the alternative a learner compares with; ``contexts()``
+  names all three (assumed, measured where recorded, seed 000's).
 * ``usable_bytes(card_gib)`` -- the largest predicted peak a card holds under ``overheads()``.
 * ``cublas_workspaces`` -- the cuBLAS workspaces a step with matrix products keeps (PyTorch's
   documented default per card, or ``CUBLAS_WORKSPACE_CONFIG``): ``fit`` adds them as a line of
@@ -51,27 +52,56 @@ ASSUMED_SLACK = 0.10
 ASSUMED_CONTEXT_MIB = 500.0
 
 
-def overheads() -> Overheads:
-    """The CUDA context measured on a GPU when a run was recorded (else assumed), and the slack
-    assumed. A recorded run's reserved/allocated ratio is not used as the slack: measured without
-    a cap, it is the cache the allocator keeps while nothing presses on it, which it frees (and
-    retries) before it raises out of memory. README's benchmark sets the largest batch predicted
-    with these overheads beside the one measured under a cap."""
+def _slack_source() -> str:
+    """Where the slack comes from, and the reserved/allocated ratio a GPU run recorded (if any)."""
     slack = (f"slack {ASSUMED_SLACK * 100:.0f} % of the allocated peak (seed 000's own hook table shows "
              "reserved/allocated of 1.05-1.10 at its peaks)")
     ratio = lookup("gpu/reserved_over_allocated")
     if ratio is not None:
         slack += (f"; reserved/allocated without a cap {ratio.label}: median {ratio.value['median']}, "
                   f"max {ratio.value['max']} (the cache the allocator frees before it raises out of memory)")
-    ctx = lookup("00/cuda_context")
-    if ctx is not None:
-        return Overheads(float(ctx.value["context_MiB"]), ASSUMED_SLACK,
-                         f"context measured, slack assumed: CUDA context {float(ctx.value['context_MiB']):.0f} MiB "
-                         f"{ctx.label}; {slack}")
+    return slack
+
+
+def _assumed(what: str) -> Overheads:
     return Overheads(
         ASSUMED_CONTEXT_MIB, ASSUMED_SLACK,
-        f"assumed (no GPU run recorded): CUDA context {ASSUMED_CONTEXT_MIB:.0f} MiB (a few hundred MiB on recent "
-        f"GPUs with lazy module loading); {slack}")
+        f"{what}: CUDA context {ASSUMED_CONTEXT_MIB:.0f} MiB (a few hundred MiB on recent "
+        f"GPUs with lazy module loading); {_slack_source()}")
+
+
+def measured_overheads() -> Overheads | None:
+    """The CUDA context a recorded GPU run measured (``recorded``: ``00/cuda_context``), with the
+    slack assumed; None where no GPU run has been recorded."""
+    ctx = lookup("00/cuda_context")
+    if ctx is None:
+        return None
+    return Overheads(float(ctx.value["context_MiB"]), ASSUMED_SLACK,
+                     f"context measured, slack assumed: CUDA context {float(ctx.value['context_MiB']):.0f} MiB "
+                     f"{ctx.label}; {_slack_source()}")
+
+
+def overheads() -> Overheads:
+    """The CUDA context measured on a GPU when a run was recorded (else assumed), and the slack
+    assumed. A recorded run's reserved/allocated ratio is not used as the slack: measured without
+    a cap, it is the cache the allocator keeps while nothing presses on it, which it frees (and
+    retries) before it raises out of memory. README's benchmark sets the largest batch predicted
+    with these overheads beside the one measured under a cap."""
+    return measured_overheads() or _assumed("assumed (no GPU run recorded)")
+
+
+def contexts() -> dict[str, Overheads]:
+    """The CUDA contexts a budget can rest on, each with the same slack, by name: ``"assumed"``
+    (``ASSUMED_CONTEXT_MIB``, what ``overheads()`` uses where no GPU run is recorded),
+    ``"measured"`` (a recorded GPU run's, what ``overheads()`` uses then; absent without one) and
+    ``"seed 000"`` (what seed 000's own numbers imply, ``seed000_overheads``). Notebook 10 sets
+    the largest batch under each beside the one it uses."""
+    out = {"assumed": _assumed("assumed (the course's default where no GPU run is recorded)")}
+    measured = measured_overheads()
+    if measured is not None:
+        out["measured"] = measured
+    out["seed 000"] = seed000_overheads()
+    return out
 
 
 #: Seed 000's own figures (shared/seeds/unet3d_memory_question.txt): nvidia-smi showed "around

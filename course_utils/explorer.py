@@ -13,9 +13,10 @@ controls with a stacked bar. How it stays fast enough to move a slider, and what
   allocator never sees, and slack for what the prediction cannot see -- cuDNN workspaces,
   allocator rounding and fragmentation (reserved above allocated). Defaults are assumptions
   stated in ``Overheads.source``; when a GPU run has been recorded (``recorded``), its measured
-  context replaces the assumed one (``overheads`` says why the slack stays assumed). ``seed000_overheads`` is the context seed
-  000's own numbers imply (~1.1 GiB), and ``margin`` / ``margin_table`` say how much room a batch
-  has under each assumption and up to which context it still fits.
+  context replaces the assumed one (``overheads`` says why the slack stays assumed).
+  ``budget.contexts()`` names the three contexts a budget can rest on (assumed, measured where
+  recorded, the ~1.1 GiB seed 000's own numbers imply), and ``margin`` / ``margin_table`` say how
+  much room a batch has under each and up to which context it still fits.
 * **Data parallelism** (``dp_ranks`` > 1): each GPU holds the step of its share of the batch
   (the fullest rank's) plus DDP's gradient buckets, a flat copy of every gradient
   (``budget.ddp_bucket_bytes``: DDP's default ``gradient_as_bucket_view=False``; measured in
@@ -25,6 +26,9 @@ controls with a stacked bar. How it stays fast enough to move a slider, and what
   sources; ``DEFAULT_CARD``): the convolutions' counted FLOPs, the bytes the element-wise ops read
   and write (``ElementwiseBytes``) and, with offload, what ``save_on_cpu`` copies over PCIe and
   holds in pinned host memory; ``cost_table`` ranks configurations on every card.
+* **Tables**: ``table`` gives five columns (configuration, card needs, largest batch, step time,
+  method; ``columns="all"`` adds the switches and each part of the peak), at each configuration's
+  batch or at its largest; ``choice_table`` sets a learner's choice beside the winner.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import torch.utils._python_dispatch
 
 from . import session_cache
 from .amp_rules import autocast_rules
-from .budget import Overheads, ddp_bucket_bytes, overheads, seed000_overheads
+from .budget import Overheads, contexts, ddp_bucket_bytes, overheads
 from .checkpointing import save_convolutions, step_flops
 from .cost import (
     CARDS,
@@ -278,18 +282,78 @@ def estimate(cfg: Config, over: Overheads | None = None) -> Estimate:
     return Estimate(cfg, local, _parts(lines, local), largest * cfg.dp_ranks, over)
 
 
-def table(configs: list[Config], progress: bool = False):
-    """One row per configuration (``Estimate.row``). ``progress=True`` shows a tqdm progress bar
-    (a widget in a notebook, text in a terminal): each new model configuration costs a fake-tensor
-    training step, seconds each at seed 000's size on a loaded CPU."""
+def _method(est: Estimate, gpu: str) -> str:
+    """``table``'s method column: the batch the row is at, how its memory and time were found."""
+    c = est.config
+    at = f"batch {c.batch}" + (f" ({est.local_batch} / GPU on {c.dp_ranks} GPUs)" if c.dp_ranks > 1 else "")
+    how = "predicted" if est.local_batch == PROBE_BATCH else f"predicted (scaled from {PROBE_BATCH})"
+    return f"{at}: {how}; time est. for {gpu}"
+
+
+def _row(cfg: Config, over: Overheads, columns: str, at_largest: bool) -> dict[str, Any]:
+    if at_largest:  # at the largest batch the card holds, or 1 where none fits
+        cfg = replace(cfg, batch=max(1, estimate(cfg, over).largest_batch))
+    est, t = estimate(cfg, over), step_cost(cfg)
+    row = {"configuration": cfg.describe(), "card needs MiB": round(est.card_needs / MiB),
+           f"largest batch in {cfg.budget_gib} GiB": est.largest_batch, "step s": round(t.seconds, 2),
+           "method": _method(est, t.card)}
+    return row if columns == "short" else {**row, **est.row()}
+
+
+def table(configs: list[Config], progress: bool = False, columns: str = "short", at_largest: bool = False):
+    """One row per configuration, in the order given (the index is its position in ``configs``):
+
+    * ``columns="short"``: configuration (``Config.describe``), what the card needs (the predicted
+      peak + context + slack, ``Estimate.card_needs``), the largest batch that fits its
+      ``budget_gib`` card, the estimated seconds per step (``step_cost`` on ``DEFAULT_CARD``) and
+      the method (the row's batch, predicted or scaled, time estimated);
+    * ``columns="all"``: those, then every column of ``Estimate.row`` (the switches as keys, so a
+      row turns back into a Config; the ranks; each part of the peak).
+
+    Each row is at its configuration's batch, or, with ``at_largest=True``, at the largest batch
+    its card holds (batch 1 where none fits: its card needs then exceed the card).
+    ``progress=True`` shows a tqdm progress bar (a widget in a notebook, text in a terminal): each
+    new model configuration costs two fake-tensor training steps (memory, time), seconds each at
+    seed 000's size on a loaded CPU."""
     import pandas as pd
 
+    if columns not in ("short", "all"):
+        raise ValueError(f"columns must be 'short' or 'all', got {columns!r}")
     over = overheads()  # read the recorded figures once for the whole table
     if progress:
         from tqdm.auto import tqdm
 
         configs = tqdm(configs, desc="configurations", unit="config")
-    return pd.DataFrame([estimate(c, over).row() for c in configs])
+    return pd.DataFrame([_row(c, over, columns, at_largest) for c in configs])
+
+
+def choice_table(choice: dict[str, Any] | Config | None, base: Config, winner: Config):
+    """The learner's ``choice`` beside the ``winner``, each at the largest batch its card holds:
+    ``table``'s short columns with the predicted peak in place of the method, one row each ("your
+    choice", "winner"; the winner alone while ``choice`` is None). ``choice`` is a Config, or a
+    dict of Config fields applied to ``base`` (e.g. ``dict(precision="autocast_fp16",
+    checkpointing="level")``)."""
+    import pandas as pd
+
+    rows = {}
+    if choice is not None:
+        if isinstance(choice, dict):
+            names = {f.name for f in fields(Config)}
+            unknown = sorted(set(choice) - names)
+            if unknown:
+                raise ValueError(f"my_choice: {unknown} are not fields of explorer.Config. Fix: use "
+                                 f"{sorted(names - NOT_IN_MODEL_KEY)}")
+            choice = replace(base, **choice)
+        rows["your choice"] = choice
+    rows["winner"] = winner
+    out = {}
+    for name, c in rows.items():
+        at = replace(c, batch=max(1, estimate(c).largest_batch))
+        row = _row(at, overheads(), "short", at_largest=False)
+        del row["method"]
+        out[name] = {"configuration": row.pop("configuration"), "predicted peak MiB": round(direct_peak(at) / MiB),
+                     **row}
+    return pd.DataFrame.from_dict(out, orient="index")
 
 
 @functools.lru_cache(maxsize=64)
@@ -325,13 +389,23 @@ def margin(cfg: Config, over: Overheads | None = None) -> dict[str, Any]:
             f"batch {cfg.batch} fits up to a context of MiB": round(over.context_mib + left / MiB)}
 
 
-def margin_table(cfg: Config, assumptions: list[Overheads] | None = None):
-    """``margin(cfg, over)`` for each of ``assumptions`` (default: ``overheads()``, the course's
-    assumption or a GPU recording, and ``seed000_overheads()``): a pandas DataFrame, one row each."""
+#: ``margin_table``'s columns (``margin``'s keys; the batch's and the card's filled in)
+MARGIN_COLUMNS = ("context MiB", "margin MiB", "margin % of card", "largest batch in {gib} GiB",
+                  "batch {batch} fits up to a context of MiB")
+
+
+def margin_table(cfg: Config, assumptions: dict[str, Overheads] | None = None, columns: str = "short"):
+    """``margin(cfg, over)`` for each of ``assumptions`` (by name; default: ``budget.contexts()``,
+    the course's assumed context, a GPU recording's where there is one, and seed 000's): a pandas
+    DataFrame, one row each, indexed by name. ``columns="short"``: ``MARGIN_COLUMNS``; ``"all"``:
+    every key of ``margin``."""
     import pandas as pd
 
-    assumptions = assumptions or [overheads(), seed000_overheads()]
-    return pd.DataFrame([margin(cfg, o) for o in assumptions])
+    assumptions = assumptions or contexts()
+    df = pd.DataFrame([margin(cfg, o) for o in assumptions.values()], index=list(assumptions))
+    if columns == "all":
+        return df
+    return df[[c.format(gib=cfg.budget_gib, batch=cfg.batch) for c in MARGIN_COLUMNS]]
 
 
 #: the checkpointing choices of notebooks 07 and 10's first table (finer ones: ``CHECKPOINTING``)

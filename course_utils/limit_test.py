@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .memory import MiB, measure_step, predict_step, require_cuda
+from .memory import MiB, SavedTensor, measure_step, predict_step, require_cuda, storage_key
 
 #: Seed 003's measurements (MB as read off nvidia-smi, CUDA context included): N -> (forward,
 #: backward); None = the run failed (OOM, or cuDNN had no 3D backward algorithm at that size).
@@ -82,15 +82,17 @@ class LimitRun:
     #: it read off nvidia-smi on top of the network and the variables (input and target)
     forward_added: int = 0
 
-    def row(self) -> dict:
-        naive = naive_bytes(self.n)
-        return {"N": self.n, "input MiB": round(input_bytes(self.n) / MiB, 1),
-                "after forward MiB": round(self.after_forward / MiB, 1),
-                "forward added MiB": round(self.forward_added / MiB, 1),
-                "peak MiB": round(self.peak / MiB, 1),
-                "saved MiB": round(self.saved / MiB, 1),
-                "forward / naive 26x": round(self.after_forward / naive, 2),
-                "method": self.method}
+    def row(self, show_all: bool = False) -> dict:
+        """One table row in MiB: N, after forward, forward added, peak, after forward / naive 26 x;
+        ``show_all=True`` adds the input, the saved bytes and the method."""
+        row = {"N": self.n, "after forward MiB": round(self.after_forward / MiB, 1),
+               "forward added MiB": round(self.forward_added / MiB, 1),
+               "peak MiB": round(self.peak / MiB, 1),
+               "forward / naive 26x": round(self.after_forward / naive_bytes(self.n), 2)}
+        if show_all:
+            row.update({"input MiB": round(input_bytes(self.n) / MiB, 1), "saved MiB": round(self.saved / MiB, 1),
+                        "method": self.method})
+        return row
 
 
 def run_limit_test(n: int, device: str | torch.device | None = None, fake: bool = True,
@@ -143,3 +145,71 @@ def seed003_forward_table(ns=None):
                      "excess / input": round((seed_fwd - ours) / inp, 1),
                      "method": "seed: nvidia-smi (2017); course: predicted for a CUDA GPU"})
     return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# The graph walk, drawn: which tensors of the forward pass autograd saved (notebook 03)
+# --------------------------------------------------------------------------------------------
+def forward_tensors(net: nn.Sequential, x: torch.Tensor, target: torch.Tensor):
+    """Seed 003's forward and MSE loss run one module at a time, keeping every module's output:
+    ``(loss, [(name, tensor), ...])`` in forward order -- the input, each output ("conv 1",
+    "relu 1", ...) and the target. The graph is the one ``net(x)`` builds; holding each output
+    keeps its storage distinct, so a walk's storage keys (``memory.saved_tensors``) name them."""
+    named, counts, h = [("input", x)], {}, x
+    for module in net:
+        h = module(h)
+        kind = {"Conv3d": "conv", "ReLU": "relu"}.get(type(module).__name__, type(module).__name__.lower())
+        counts[kind] = counts.get(kind, 0) + 1
+        named.append((f"{kind} {counts[kind]}", h))
+    named.append(("target", target))
+    return nn.functional.mse_loss(h, target), named
+
+
+#: a backward node's short name in the drawing
+_NODE = {"ConvolutionBackward0": "conv", "ReluBackward0": "relu", "MseLossBackward0": "MSE"}
+
+
+def saved_by(named: list[tuple[str, torch.Tensor]], rows: list[SavedTensor]) -> dict[str, list[str]]:
+    """For each tensor of ``forward_tensors``, the backward nodes of the walk ``rows`` that saved
+    its storage, as "node: what" (e.g. ``["relu: result", "conv: input"]``); empty where none did
+    (that tensor is freed once the next op has read it). Parameters are left out."""
+    by_storage: dict[int, list[str]] = {}
+    for r in rows:
+        if not r.is_param:
+            by_storage.setdefault(r.storage, []).append(
+                f"{_NODE.get(r.node, r.node)}: {r.attr.removeprefix('_saved_')}")
+    return {name: by_storage.get(storage_key(t), []) for name, t in named}
+
+
+def draw_saved(named: list[tuple[str, torch.Tensor]], rows: list[SavedTensor], ax=None):
+    """The graph walk drawn: one box per tensor of ``forward_tensors`` in forward order, labelled
+    with its size in input-sizes (the box grows with it), shaded where the walk ``rows`` found its
+    storage saved and labelled under it with the nodes that saved it; white where nothing saved it.
+    Returns the axes."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 2.6))
+    saved, unit = saved_by(named, rows), named[0][1].numel()
+    x, kept, freed = 0.0, 0, 0
+    for i, (name, t) in enumerate(named):
+        size = t.numel() / unit
+        gap, width = (1.2 if name == "target" else 0.45), 1.4 + size / 2  # legible at 1 x
+        if i:
+            ax.annotate("", (x + gap, 0.5), (x, 0.5), arrowprops=dict(arrowstyle="->", lw=0.8,
+                        ls=":" if name == "target" else "-"))
+            x += gap
+        on = bool(saved[name])
+        kept, freed = kept + size * on, freed + size * (not on)
+        ax.add_patch(plt.Rectangle((x, 0), width, 1, facecolor="#8172b2" if on else "white", edgecolor="k",
+                                   label=name, gid="saved" if on else "freed"))
+        ax.text(x + width / 2, 0.5, f"{name}\n{size:g} x", ha="center", va="center", fontsize=8,
+                color="white" if on else "k")
+        ax.text(x + width / 2, -0.12, "\n".join(saved[name]) or "freed", ha="center", va="top", fontsize=7)
+        x += width
+    ax.set_xlim(-0.2, x + 0.2)
+    ax.set_ylim(-0.65, 1.1)
+    ax.axis("off")
+    ax.set_title(f"the graph walk: shaded = storages autograd saved, {kept:g} x the input (under each: which "
+                 f"backward saved it)\nwhite = freed once the next op has read it, {freed:g} x", fontsize=9)
+    return ax

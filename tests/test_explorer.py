@@ -2,6 +2,7 @@
 batch, every switch, an uneven batch over ranks, DDP's buckets, bad input; the widget builds;
 the capstone's margin, offloading's pinned bytes and the step time per card (notebook 10)."""
 
+import json
 import re
 from dataclasses import replace
 
@@ -136,7 +137,7 @@ def test_keys_are_identifiers_and_labels_are_for_display():
 
 def test_table_and_widget_build():
     start = replace(SMALL, precision="autocast_bf16", checkpointing="conv")
-    df = table([start, replace(start, inplace_abn=True)])
+    df = table([start, replace(start, inplace_abn=True)], columns="all")
     assert list(df["In-Place ABN"]) == [False, True]
     assert Config(**{**vars(SMALL), "precision": df["precision"][0], "checkpointing": df["checkpointing"][0]}) \
         == replace(SMALL, precision="autocast_bf16", checkpointing="conv")  # rows hold keys
@@ -422,3 +423,102 @@ def test_step_time_per_card_adds_convolutions_elementwise_bytes_and_copies():
         ex.step_cost(cfg, "RTX 9999")
     table = ex.cost_table([replace(cfg, offload=False), cfg])
     assert table.filter(like="rank,").shape == (2, len(cost.CARDS) + 1)
+
+
+# -- notebook 10's tables: five columns, each row at its largest batch, the learner's choice, the
+# three contexts -------------------------------------------------------------------------------
+SHORT = ["configuration", "card needs MiB", "largest batch in 1 GiB", "step s", "method"]
+
+
+def test_table_has_five_columns_and_the_rest_on_request():
+    """Notebook 10's results table: five columns by default (configuration, card needs, largest
+    batch, time, method), every column of ``Estimate.row`` with ``columns="all"``; rows in the
+    order given, at each configuration's own batch."""
+    cfgs = [replace(SMALL, budget_gib=1, batch=3), replace(SMALL, budget_gib=1, checkpointing="level", dp_ranks=2,
+                                                           batch=4)]
+    short, full = table(cfgs), table(cfgs, columns="all")
+    assert list(short.columns) == SHORT
+    assert list(full.columns[:5]) == SHORT and {"precision", "checkpointing", "activations MiB"} <= set(full.columns)
+    for i, c in enumerate(cfgs):
+        est = estimate(c)
+        assert short.loc[i, "configuration"] == c.describe()
+        assert short.loc[i, "card needs MiB"] == round(est.card_needs / MiB) == full.loc[i, "card needs MiB"]
+        assert short.loc[i, "largest batch in 1 GiB"] == est.largest_batch
+        assert short.loc[i, "step s"] == round(ex.step_cost(c).seconds, 2)
+    assert short.loc[0, "method"].startswith("batch 3: predicted (scaled from 2); time est. for ")
+    assert short.loc[1, "method"].startswith("batch 4 (2 / GPU on 2 GPUs): predicted; ")
+    with pytest.raises(ValueError, match="columns must be 'short' or 'all'"):
+        table(cfgs, columns="wide")
+
+
+def test_table_at_the_largest_batch():
+    """Notebook 10 ranks the search by what each configuration does at its largest batch: each
+    row's card needs and time are at that batch (they fit the card; one more sample would not),
+    and a configuration that fits no batch is shown at batch 1, needing more than the card."""
+    fits = replace(SMALL, budget_gib=1)
+    too_big = replace(SMALL, volume=(64, 128, 128), budget_gib=1)
+    n = estimate(fits).largest_batch
+    assert n > 2 and estimate(too_big).largest_batch == 0
+    rows = table([fits, too_big], at_largest=True)
+    at_n = replace(fits, batch=n)
+    assert rows.loc[0, "card needs MiB"] == round(estimate(at_n).card_needs / MiB) <= 1024
+    assert rows.loc[0, "card needs MiB"] < round(estimate(replace(fits, batch=n + 1)).card_needs / MiB)
+    assert rows.loc[0, "step s"] == round(ex.step_cost(at_n).seconds, 2) > round(ex.step_cost(fits).seconds, 2)
+    assert rows.loc[0, "method"].startswith(f"batch {n}: ")
+    assert rows.loc[1, "method"].startswith("batch 1: ") and rows.loc[1, "card needs MiB"] > 1024
+
+
+def test_choice_table_sets_the_choice_beside_the_winner():
+    """Notebook 10's reveal: the learner's ``my_choice`` (Config fields applied to the base)
+    beside the winner, each at its largest batch, with the predicted peak at that batch."""
+    base = replace(SMALL, budget_gib=1)
+    winner = replace(base, checkpointing="level")
+    both = ex.choice_table(dict(precision="autocast_fp16"), base, winner)
+    assert list(both.index) == ["your choice", "winner"]
+    assert list(both.columns) == ["configuration", "predicted peak MiB", "card needs MiB", "largest batch in 1 GiB",
+                                  "step s"]
+    for name, c in (("your choice", replace(base, precision="autocast_fp16")), ("winner", winner)):
+        n = estimate(c).largest_batch
+        assert both.loc[name, "configuration"] == c.describe()
+        assert both.loc[name, "largest batch in 1 GiB"] == n
+        assert both.loc[name, "predicted peak MiB"] == round(ex.direct_peak(replace(c, batch=n)) / MiB)
+        assert both.loc[name, "card needs MiB"] == round(estimate(replace(c, batch=n)).card_needs / MiB)
+    assert list(ex.choice_table(None, base, winner).index) == ["winner"]
+    assert ex.choice_table(winner, base, winner).loc["your choice"].equals(both.loc["winner"])
+    with pytest.raises(ValueError, match=r"\['abn'\] are not fields of explorer.Config"):
+        ex.choice_table(dict(abn=True), base, winner)
+    with pytest.raises(ValueError, match="In-Place ABN overwrites"):
+        ex.choice_table(dict(inplace_abn=True, checkpointing="selective"), base, winner)
+
+
+def test_contexts_are_the_assumed_the_measured_and_seed_000s(monkeypatch, tmp_path):
+    """Notebook 10 states up front that the largest batch depends on the CUDA context, and prints
+    the three: the course's assumed 500 MiB, a recorded GPU run's (what ``overheads()`` then uses;
+    none without a recording) and seed 000's ~1.1 GiB; each with the same slack."""
+    from course_utils import recorded
+
+    monkeypatch.setenv(recorded.SHOW_ENV_VAR, str(tmp_path))  # no recording
+    assert list(budget.contexts()) == ["assumed", "seed 000"]
+    assert budget.overheads().context_mib == budget.contexts()["assumed"].context_mib == 500
+    assert budget.overheads().source.startswith("assumed (no GPU run recorded): CUDA context 500 MiB")
+    assert budget.contexts()["seed 000"].context_mib == 1162
+    figures = {"00/cuda_context": {"kind": "json", "data": {"context_MiB": 700.5, "method": "test"}}}
+    (tmp_path / "GPU.json").write_text(json.dumps({"meta": {"gpu": "Some GPU", "torch": "2.x", "cuda": "13.0",
+                                                            "date": "2026-01-01"}, "figures": figures}))
+    found = budget.contexts()
+    assert list(found) == ["assumed", "measured", "seed 000"]
+    assert found["measured"] == budget.overheads() and found["measured"].context_mib == 700.5
+    assert found["assumed"].context_mib == 500 and found["assumed"].source.startswith("assumed (the course's default")
+    assert {o.slack for o in found.values()} == {budget.ASSUMED_SLACK}
+
+
+def test_margin_table_under_each_named_context():
+    """Notebook 10, section 4: one row per named context, five columns by default."""
+    contexts = {"assumed": ASSUMED, "seed 000": budget.seed000_overheads(slack=0.10)}
+    short = ex.margin_table(WINNER, contexts)
+    assert list(short.index) == ["assumed", "seed 000"]
+    assert list(short.columns) == ["context MiB", "margin MiB", "margin % of card", "largest batch in 8 GiB",
+                                   "batch 8 fits up to a context of MiB"]
+    for name, over in contexts.items():
+        assert short.loc[name].to_dict() == {k: v for k, v in ex.margin(WINNER, over).items() if k in short.columns}
+    assert list(ex.margin_table(WINNER, contexts, columns="all").columns) == list(ex.margin(WINNER, ASSUMED))

@@ -601,6 +601,51 @@ def test_seed003_excess_is_about_130_mb_at_small_n():
     assert 18 < table.loc[350, "excess / input"] < 20
 
 
+def test_limit_run_row_has_five_columns_and_the_rest_on_request():
+    """Notebook 03's tables of the memory-limit step: five columns, the input, the saved bytes and
+    the method with ``show_all=True``."""
+    run = run_limit_test(50)
+    assert list(run.row()) == ["N", "after forward MiB", "forward added MiB", "peak MiB", "forward / naive 26x"]
+    full = run.row(show_all=True)
+    assert list(full)[:5] == list(run.row()) and {"input MiB", "saved MiB", "method"} <= set(full)
+    assert full["method"] == run.method and full["saved MiB"] == round(run.saved / MiB, 1)
+
+
+def test_the_graph_walk_drawing_shades_what_autograd_saved():
+    """Notebook 03's drawing of the graph walk: the input, the three ReLU outputs and the target
+    are shaded (saved, 15 x the input), the three convolution outputs are not (freed, 13 x), each
+    shaded box labelled with the backward nodes that saved it -- read from the walk, not assumed:
+    with in-place ReLUs the convolution outputs are the saved storages."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from course_utils.limit_test import LimitTestNet, draw_saved, forward_tensors, make_inputs, saved_by
+    from course_utils.memory import saved_tensors
+
+    torch.manual_seed(0)
+    net = LimitTestNet()
+    x, target = make_inputs(8)
+    loss, named = forward_tensors(net, x, target)
+    assert torch.equal(loss, nn.functional.mse_loss(net(x), target))  # the graph net(x) builds
+    rows = saved_tensors(loss, params=net.parameters())
+    by = saved_by(named, rows)
+    assert [n for n, _ in named] == ["input", "conv 1", "relu 1", "conv 2", "relu 2", "conv 3", "relu 3", "target"]
+    assert {n for n, nodes in by.items() if nodes} == {"input", "relu 1", "relu 2", "relu 3", "target"}
+    assert by["relu 1"] == ["relu: result", "conv: input"] and by["relu 3"] == ["relu: result", "MSE: self"]
+    ax = draw_saved(named, rows)
+    boxes = {p.get_label(): p for p in ax.patches if p.get_label() in by}
+    assert {n for n, p in boxes.items() if p.get_gid() == "saved"} == {n for n, nodes in by.items() if nodes}
+    assert len({p.get_facecolor() for p in boxes.values()}) == 2
+    assert "15 x the input" in ax.get_title() and "13 x" in ax.get_title()
+    plt.close(ax.figure)
+    inplace = LimitTestNet(inplace=True)
+    loss, named = forward_tensors(inplace, x, target)
+    by = saved_by(named, saved_tensors(loss, params=inplace.parameters()))
+    assert by["conv 1"] and by["conv 1"] == by["relu 1"]  # one storage: the ReLU wrote into the conv's output
+
+
 def test_dropout_follows_cudas_fused_kernel():
     """ATen's dropout takes the fused kernel on a CUDA tensor (``native_dropout``: a bool mask
     kept for backward) and multiplies by a float noise tensor it keeps on a CPU tensor: the real
