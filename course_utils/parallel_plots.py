@@ -3,6 +3,8 @@
 * ``plot_rank_memory`` -- one stacked bar per rank (or per strategy): parameters, gradients,
   optimizer state, DDP's gradient buckets, parameters gathered for the running unit and
   prefetched for the next, activations;
+* ``plot_memory_timeline`` -- what one rank holds at each moment of a step, in time order (one
+  stacked column a moment): FSDP2's resting shards and the units gathered in forward and backward;
 * ``plot_schedule``    -- one row per pipeline stage: forward and backward ops of each
   micro-batch on a time axis, the idle time (the bubble) shaded;
 * ``plot_layouts``     -- per-GPU memory of data x pipeline parallel layouts.
@@ -20,6 +22,7 @@ CATEGORIES: dict[str, tuple[str, str]] = {
     "DDP buckets": ("peachpuff", ".."),
     "gathered params": ("lightsteelblue", "//"),
     "prefetched params": ("lavender", "\\\\"),
+    "all-gather buffer": ("thistle", "xx"),
     "unsharded grads": ("navajowhite", "//"),
     "activations": ("tab:red", ""),
 }
@@ -70,6 +73,46 @@ def plot_rank_memory(bars: Sequence[tuple[str, dict[str, float]]], ax=None, titl
     ax.set_xlim(0, 1.45 * largest / size)
     ax.set_xlabel(unit)
     ax.legend(loc="lower right", fontsize=8, framealpha=0.9)
+    if title:
+        ax.set_title(title, fontsize=10)
+    return ax
+
+
+def plot_memory_timeline(moments: Sequence[tuple[str, dict[str, float]]], ax=None, title: str | None = None,
+                         phases: Sequence[tuple[str, int, int]] = ()):
+    """One stacked column per ``(label, {category: bytes})`` moment, left to right in time order,
+    categories from ``CATEGORIES``; a dashed line at the first moment's total (what is held at
+    rest), the largest total written above its column. ``phases``: ``(name, first, last)``
+    index ranges of ``moments`` shaded and named (e.g. forward, backward)."""
+    import matplotlib.pyplot as plt
+
+    if not moments:
+        raise ValueError("plot_memory_timeline needs at least one moment")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(moments) + 2), 3.4))
+    totals = [sum(parts.values()) for _, parts in moments]
+    unit, size = _unit(max(totals))
+    xs = range(len(moments))
+    bottom = [0.0] * len(moments)
+    for cat, (colour, hatch) in CATEGORIES.items():
+        heights = [parts.get(cat, 0) / size for _, parts in moments]
+        if not any(heights):
+            continue
+        ax.bar(xs, heights, bottom=bottom, width=0.85, color=colour, hatch=hatch, edgecolor="k", linewidth=0.4,
+               label=cat)
+        bottom = [a + b for a, b in zip(bottom, heights, strict=True)]
+    top = max(xs, key=lambda i: totals[i])
+    ax.axhline(totals[0] / size, color="k", linestyle="--", linewidth=0.8,
+               label=f"{moments[0][0]}: {totals[0] / size:,.1f} {unit}")
+    ax.text(top, totals[top] / size, f"{totals[top] / size:,.1f} {unit}", ha="center", va="bottom", fontsize=8)
+    for k, (name, first, last) in enumerate(phases):
+        ax.axvspan(first - 0.5, last + 0.5, color=("#e8f0fa", "#fbefe2")[k % 2], zorder=0)
+        ax.text((first + last) / 2, 1.22 * max(totals) / size, name, ha="center", fontsize=9)
+    ax.set_xticks(list(xs), [label for label, _ in moments], rotation=60, ha="right", fontsize=8)
+    ax.set_xlim(-0.6, len(moments) - 0.4)
+    ax.set_ylim(0, 1.32 * max(totals) / size)
+    ax.set_ylabel(unit)
+    ax.legend(loc="upper left", fontsize=7, framealpha=0.9)
     if title:
         ax.set_title(title, fontsize=10)
     return ax
