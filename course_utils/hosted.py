@@ -43,6 +43,7 @@ from .explorer import PRECISIONS, Config, estimate
 from .limit_test import input_bytes, run_limit_test
 from .memory import GiB, MiB
 from .readme import replace_block
+from .recorded import RUN_FILES
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "hosted-gpu.md"
@@ -270,9 +271,10 @@ def update_tiers(doc: Path = DOC, page: Path = SITE_PAGE) -> bool:
 # make dist: the wheel and the learner's zip
 # --------------------------------------------------------------------------------------------
 #: what the learner's zip holds beside the wheel, the bootstrap and its own README: the notebooks,
-#: the exercises (no solutions) and what their links point to (docs/*.md); recorded GPU figures
+#: the exercises (no solutions) and what their links point to (docs/*.md); recorded GPU figures and
+#: what notebook 00 reads of each GPU run's record (``recorded.RUN_FILES``)
 ZIP_GLOBS = ("notebooks/[0-9][0-9]_*.ipynb", "exercises/[0-9][0-9]_*.ipynb", "docs/*.md",
-             "docs/gpu-runs/*.md", "recorded/*.json")
+             "docs/gpu-runs/*.md", "docs/gpu-runs/*/*.md", "recorded/*.json", *RUN_FILES)
 ZIP_TOP = "gpu-memory-course"
 
 

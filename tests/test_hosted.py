@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from course_utils import hosted
+from course_utils import hosted, recorded
 from course_utils.markdown import links
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -253,6 +253,9 @@ def test_the_zip_holds_notebooks_exercises_the_bootstrap_and_the_wheel_and_its_l
     assert {f"{top}/{WHEEL}", f"{top}/course_setup.py"} <= names
     assert z.read(f"{top}/course_setup.py") == hosted.BOOTSTRAP.read_bytes()
     assert not any("/solutions/" in n for n in names)
+    # what notebook 00 reads of each GPU run (recorded.gpu_runs), beside recorded/'s figures
+    runs = {p for g in recorded.RUN_FILES for p in ROOT.glob(g)} | set(ROOT.glob("recorded/*.json"))
+    assert runs and {f"{top}/{p.relative_to(ROOT).as_posix()}" for p in runs} <= names
     for sub in ("notebooks", "exercises"):
         assert {f"{top}/{sub}/{p.name}" for p in (ROOT / sub).glob("[0-9][0-9]_*.ipynb")} <= names
     broken = []

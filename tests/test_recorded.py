@@ -70,3 +70,95 @@ def test_an_installed_wheel_reads_the_unzipped_courses_recorded_folder(tmp_path,
     assert recorded.lookup("00/context").value == {"context_MiB": 517.2}
     monkeypatch.setenv(recorded.SHOW_ENV_VAR, str(tmp_path / "elsewhere"))
     assert recorded.lookup("00/context") is None
+
+
+def test_a_hosted_notebook_finds_the_zip_where_the_kernel_does_not_start(tmp_path, monkeypatch):
+    """Colab's kernel runs in /content and Kaggle's in /kaggle/working, not in the unzipped course:
+    the reader looked only in the working folder and one up, so notebook 00 said "No GPU run has
+    been recorded" there. It now searches where the notebooks' first cell finds course_setup.py."""
+    monkeypatch.delenv(recorded.SHOW_ENV_VAR, raising=False)
+    monkeypatch.setattr(recorded, "RECORDED", tmp_path / "site-packages" / "recorded")
+    content = tmp_path / "content"
+    (content / "sample_data").mkdir(parents=True)  # what Colab puts there
+    (content / "gpu-memory-course" / "recorded").mkdir(parents=True)
+    recorded.write({"meta": {"gpu": "T", "torch": "2.11", "cuda": "13.0", "date": "2026-11-27"},
+                    "figures": {"00/context": {"kind": "json", "data": {"MiB": 1}}}},
+                   content / "gpu-memory-course" / "recorded" / "T.json")
+    monkeypatch.chdir(content)
+    assert recorded.recorded_folder() == content / "gpu-memory-course" / "recorded"
+    assert recorded.lookup("00/context").value == {"MiB": 1}
+    kaggle = tmp_path / "kaggle"
+    (kaggle / "input" / "ds" / "gpu-memory-course" / "recorded").mkdir(parents=True)
+    (kaggle / "working").mkdir()
+    (content / "gpu-memory-course" / "recorded" / "T.json").rename(
+        kaggle / "input" / "ds" / "gpu-memory-course" / "recorded" / "T.json")
+    monkeypatch.chdir(kaggle / "working")
+    monkeypatch.setattr(recorded, "PLACES", ("", "../", "*/", f"{kaggle}/input/*/*/"))  # /kaggle/input/*/*/
+    assert recorded.recorded_folder() == kaggle / "input" / "ds" / "gpu-memory-course" / "recorded"
+
+
+def _benchmark(gpu, measured=True):
+    row = {"net": "large", "technique": "baseline fp32", "predicted peak MiB": 9710}
+    if measured:
+        row.update({"measured peak MiB": 9735, "measured reserved MiB": 14118, "driver used MiB": 14757})
+    return {"meta": {"device": gpu, "date": "2026-11-24", "torch": "2.11.0+cu130", "cuda": "13.0",
+                     "model": "seed 000 U-Nets, 26x150x320, batch 2, Adam"},
+            "rows": [{"net": "small", "technique": "baseline fp32", "measured peak MiB": 1}, row]}
+
+
+def _runs(tmp_path):
+    """A docs/gpu-runs/ as the repository has it: the first run's files (no kit.json), a kit run
+    with its benchmark under details/ and a continuation call of it, a folder that records nothing."""
+    runs = tmp_path / "docs" / "gpu-runs"
+    first = runs / "2026-11-24-h100"
+    first.mkdir(parents=True)
+    (first / "benchmark-large.json").write_text(json.dumps(_benchmark("H100")))
+    machine = {"gpu": "H100", "torch": "2.11.0+cu130", "cuda": "13.0", "date": "2026-11-24"}
+    (first / "limit.json").write_text(json.dumps({"machine": machine, "overheads": {"context MiB": 628.8}}))
+    kit_machine = {**machine, "gpu": "H200", "date": "2026-11-27", "context MiB": 630.0}
+    for name in ("2026-11-27-h200", "2026-11-27-h200-2"):
+        (runs / name).mkdir()
+        (runs / name / "kit.json").write_text(json.dumps({"machine": kit_machine}))
+    (runs / "2026-11-27-h200-2" / "details").mkdir()
+    bench = _benchmark("H200")
+    bench["rows"][1]["measured peak MiB"] = 9800
+    (runs / "2026-11-27-h200-2" / "details" / "benchmark-large-H200.json").write_text(json.dumps(bench))
+    (runs / "notes").mkdir()
+    (runs / "notes" / "benchmark-large.json").write_text(json.dumps(_benchmark("X", measured=False)))
+    return runs
+
+
+def test_gpu_runs_reads_each_runs_context_and_large_step(tmp_path):
+    runs = recorded.gpu_runs(_runs(tmp_path))
+    assert [(r.meta["gpu"], r.context_mib, r.step["measured peak MiB"]) for r in runs] == [
+        ("H100", 628.8, 9735), ("H200", 630.0, 9800)]
+    assert runs[1].folders == ["2026-11-27-h200", "2026-11-27-h200-2"]  # one run over two calls
+    assert runs[0].label == "H100, 2026-11-24, torch 2.11.0+cu130"
+    table = recorded.runs_table(runs)
+    assert list(table.index) == [r.label for r in runs]
+    assert table.loc[runs[0].label, "outside the allocator MiB"] == 14757 - 14118
+    assert len(table.columns) <= 6
+
+
+def test_show_runs_labels_the_method_and_limits_or_says_none(tmp_path, capsys):
+    table = recorded.show_runs(_runs(tmp_path))
+    out = capsys.readouterr().out
+    assert table is not None and "not measured on this machine" in out and "limits:" in out
+    assert "max_memory_allocated" in out and "batch 2, Adam" in out  # the method, from the run's own record
+    assert recorded.show_runs(tmp_path / "empty") is None
+    assert "No GPU run has been recorded" in capsys.readouterr().out
+
+
+def test_the_repositorys_gpu_runs_are_read(monkeypatch):
+    """Notebook 00 printed "No GPU run has been recorded" beside docs/gpu-runs/'s H100 run: the
+    runs' own records (context, the large net's step) are read from there, and make dist's zip
+    ships the files read (recorded.RUN_FILES)."""
+    monkeypatch.delenv(recorded.SHOW_ENV_VAR, raising=False)
+    runs = recorded.gpu_runs()
+    gpus = [r.meta["gpu"] for r in runs]
+    assert "NVIDIA H100 80GB HBM3" in gpus and "NVIDIA H200" in gpus
+    for r in runs:
+        assert r.context_mib and r.step and r.step["measured peak MiB"] <= r.step["measured reserved MiB"]
+    read = {p for g in recorded.RUN_FILES for p in recorded.ROOT.glob(g)}
+    assert {f for r in runs for f in r.folders} <= {p.relative_to(recorded.ROOT / "docs" / "gpu-runs").parts[0]
+                                                      for p in read}
