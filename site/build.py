@@ -154,8 +154,11 @@ def _digest(nb_path: Path, preset: str, recorded_dir: Path) -> str:
     for f in notebook_inputs(nb_path):
         h.update((f.relative_to(ROOT).as_posix() if f.is_relative_to(ROOT) else f.name).encode())
         h.update(f.read_bytes())
-    for f in sorted(recorded_dir.glob("*.json")) if recorded_dir.is_dir() else []:
-        h.update(f.name.encode())
+    from course_utils.recorded import RUN_FILES  # the GPU runs' records recorded.gpu_runs reads beside it
+
+    runs = sorted(f for g in RUN_FILES for f in recorded_dir.parent.glob(g))
+    for f in (sorted(recorded_dir.glob("*.json")) if recorded_dir.is_dir() else []) + runs:
+        h.update(f.relative_to(recorded_dir.parent).as_posix().encode())
         h.update(f.read_bytes())
     h.update(f"{preset}|{torch.__version__}|{sys.version}|{recorded_dir}".encode())
     return h.hexdigest()[:16]

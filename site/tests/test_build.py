@@ -241,6 +241,11 @@ def test_cache_key_follows_the_modules_a_notebook_uses(tmp_path, monkeypatch):
     after = key()
     (root / "recorded" / "gpu.json").write_text("{}")  # a new recording: shown by the notebook
     assert key() != after
+    run = root / "docs" / "gpu-runs" / "2026-12-01-t4"
+    run.mkdir(parents=True)
+    with_recording = key()
+    (run / "kit.json").write_text("{}")  # a new GPU run's record: read by recorded.gpu_runs
+    assert key() != with_recording
 
 
 # --- recorded GPU figures: a fixture recording made by the course's own recording code
