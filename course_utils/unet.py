@@ -379,9 +379,45 @@ def block_table(model: UNet3D, volume: Sequence[int], batch: int = 2,
     blocks = [("inc", model.inc)] + [(f"downs.{k}", m) for k, m in enumerate(model.downs)]
     blocks += [(f"ups.{k}", m) for k, m in enumerate(model.ups)] + [("outc", model.outc)]
     shapes = dict(level_shapes(model, volume, batch))
-    return [{"block": name, "parameters": count_parameters(m), "output shape": shapes[name],
-             "resolution": "x".join(map(str, shapes[name][2:])), "channels": shapes[name][1],
-             "output bytes": math.prod(shapes[name]) * size} for name, m in blocks]
+    return [{"block": name, "side": block_side(name), "parameters": count_parameters(m),
+             "output shape": shapes[name], "resolution": "x".join(map(str, shapes[name][2:])),
+             "channels": shapes[name][1], "output bytes": math.prod(shapes[name]) * size}
+            for name, m in blocks]
+
+
+def block_side(block: str) -> str:
+    """Where a block (``inc``, ``downs.k``, ``ups.k``, ``outc``) sits in the U: ``"encoder"``,
+    ``"decoder"`` or ``"output"``. With its output resolution it pairs two nets' blocks by place,
+    not by name: ``ups.2`` is 13x75x160 in seed 000's large net and 26x150x320 in the small one."""
+    if block == "outc":
+        return "output"
+    return "decoder" if block.startswith("ups") else "encoder"
+
+
+def draw_u(model: UNet3D, volume: Sequence[int]) -> str:
+    """The U of ``model`` as text, computed from the net: one line per resolution, the encoder's
+    block on the left (channels in -> out), the skip connection, the decoder's ``Up`` on the right
+    (skip + upsampled channels, in the order of the concatenation, -> out), the output conv on
+    the top line; the deepest encoder block is the bottom of the U."""
+    enc, dec, top = model.encoder_channels, model.decoder_channels, model.levels - 1
+    res = {r["block"]: r["resolution"] for r in block_table(model, volume, batch=1)}
+    left, right = [], []
+    for j in range(model.levels):
+        name = "inc" if j == 0 else f"downs.{j - 1}"
+        left.append((res[name], f"{name:<8} {model.in_channels if j == 0 else enc[j - 1]} -> {enc[j]}"))
+        if j < top:  # ups.i joins level j = top - 1 - i: the skip of level j, the upsampled map from below
+            i = top - 1 - j
+            below = enc[-1] if i == 0 else dec[i - 1]
+            right.append(f"{f'ups.{i}':<7}{enc[j]} + {below} -> {dec[i]}")
+    width = max(len(text) for _, text in left)
+    lines = [f"{'resolution':<11} {'encoder':<{width}}{'':13}decoder (Up: skip + upsampled -> out)"]
+    for j, (r, text) in enumerate(left):
+        if j:
+            lines.append(f"{'':<11} {'| maxpool x2':<{width}}{'':13}^ upsample x2")
+        tail = f"  --skip-->  {right[j]}" if j < top else "  -----------^  (the bottom of the U)"
+        out = f"  --> outc {dec[-1]} -> {model.n_classes}" if j == 0 else ""
+        lines.append(f"{r:<11} {text:<{width}}{tail}{out}")
+    return "\n".join(lines)
 
 
 def plot_memory_map(nets: dict[str, UNet3D], volume: Sequence[int], batch: int = 2,

@@ -12,7 +12,7 @@ from course_utils import (
     setup, train,
 )
 from course_utils.config import SEED000_VOLUME, resolve_device
-from course_utils.unet import level_shapes
+from course_utils.unet import block_table, draw_u, level_shapes
 from course_utils.config import resolve_preset
 from course_utils.train import training_step
 
@@ -83,6 +83,32 @@ def test_full_size_shapes_match_the_seed():
     rows = dict(level_shapes(seed000_unet("small"), SEED000_VOLUME, batch=2))
     assert rows["downs.2"] == (2, 256, 3, 18, 40)
     assert rows["ups.0"] == (2, 256, 6, 37, 80)
+
+
+def test_blocks_pair_by_place_not_by_name():
+    """Notebook 01 pairs the two seed nets' blocks by side and resolution (``block_side``): by name,
+    ``ups.2`` would put the large net's 13x75x160 map beside the small net's 26x150x320 one."""
+    place = {v: {r["block"]: f"{r['side']} {r['resolution']}" for r in block_table(seed000_unet(v), SEED000_VOLUME)}
+             for v in ("large", "small")}
+    assert place["large"]["ups.2"] == place["small"]["ups.1"] == "decoder 13x75x160"
+    assert place["large"]["ups.3"] == place["small"]["ups.2"] == "decoder 26x150x320"
+    assert place["large"]["outc"] == "output 26x150x320" and place["large"]["inc"] == "encoder 26x150x320"
+    assert set(place["small"].values()) < set(place["large"].values())  # small's places: a subset
+    assert len(set(place["large"].values())) == len(place["large"])     # one block per place
+
+
+def test_draw_u_is_computed_from_the_net():
+    """Notebook 01's drawing of the U: the channels of every block, in the concatenation's order
+    (skip first), read from the net; the small net's top Up takes 64 + 128 = 192 channels."""
+    large, small = draw_u(seed000_unet("large"), SEED000_VOLUME), draw_u(seed000_unet("small"), SEED000_VOLUME)
+    assert "26x150x320  inc      1 -> 64" in large and "ups.3  64 + 64 -> 64  --> outc 64 -> 5" in large
+    assert "ups.0  512 + 512 -> 256" in large and large.splitlines()[-1].startswith("1x9x20      downs.3  512 -> 512")
+    assert "ups.2  64 + 128 -> 64" in small and "ups.1  128 + 256 -> 128" in small
+    assert small.splitlines()[-1].startswith("3x18x40     downs.2  256 -> 256")
+    assert len(large.splitlines()) == 1 + 5 + 4 and len(small.splitlines()) == 1 + 4 + 3
+    net = UNet3D(levels=3, channels=(3, 5, 7), decoder_channels=(6, 4), in_channels=2, n_classes=9)
+    drawn = draw_u(net, (8, 8, 8))
+    assert "inc      2 -> 3" in drawn and "ups.0  5 + 7 -> 6" in drawn and "ups.1  3 + 6 -> 4  --> outc 4 -> 9" in drawn
 
 
 def test_tiny_forward_backward_real():
