@@ -253,21 +253,33 @@ def test_the_fixed_tolerance_checks_use_nets_whose_branches_a_gpu_cannot_change(
     assert parallel.branch_margin(risky) < 1 and parallel.reference_grads(risky)["fp32_error"] > 1e-3
 
 
+#: notebook 09's pipeline net (its CPU size); seed 2 is the one whose fp32 orders disagree below
+NB09_NET = {"norm": "gn", "global_batch": 8, "volume": (16, 32, 32), "channels": 8, "levels": 3}
+
+
 @pytest.mark.emulated
 @pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
-def test_notebook_09_holds_its_pipelines_to_fp32s_own_error():
-    """Notebook 09's pipeline net: fp32 is off by ~1e-4 against float64 (values at a ReLU's kink
-    or a max-pool tie take other branches: its branch margin is below 1), so a fixed 1e-4
-    between a GPU and the CPU is not safe. reference_grads' tolerance takes another fp32
-    summation order (the CPU's reference convolutions instead of oneDNN's, as a GPU's kernels
-    would differ) and the pipeline's own computation, and still fails a lost micro-batch by
-    orders of magnitude."""
-    config = {"norm": "gn", "global_batch": 8, "volume": (16, 32, 32), "channels": 8, "levels": 3}
-    ref = parallel.reference_grads(config)
-    assert ref["fp32_error"] > 2e-5 and parallel.branch_margin(config) < 1  # what a fixed tolerance cannot cover
+def test_on_notebook_09s_net_one_fp32_orders_error_does_not_bound_anothers():
+    """Why notebook 09 holds its pipelines to ``ranks_order_grads``. The recorded H200 run failed
+    its old check, max(1e-4, 4 x fp32's error in the notebook's own process): the ranks (one CPU
+    thread each) were off by 1.2e-4 against float64, the process (all its threads) by 2.5e-5. On
+    a net whose branch margin is below 1, which branches fp32 takes depends on the summation
+    order. Emulated here with another CPU order standing for the process's (oneDNN off, the CPU's
+    reference convolutions): on seed 2 of the net the old tolerance is exceeded by the ranks'
+    own order, which ``ranks_order_grads`` reproduces (the launched pipeline equals it:
+    tests/test_parallel.py), and a lost micro-batch is still 10,000 times the check's 1e-5."""
+    config = dict(NB09_NET, seed=2)
+    assert parallel.branch_margin(config) < 1
     with torch.backends.mkldnn.flags(enabled=False):
-        other_order = parallel.single_process_grads(config)
-    assert parallel.relative_error(other_order, ref["grads"]) < ref["tolerance"]
-    assert parallel.relative_error(parallel.accumulated_grads(config, 4), ref["grads"]) < ref["tolerance"]
-    lost = parallel.relative_error(parallel.accumulated_grads(config, 4, use=3), ref["grads"])
-    assert lost > 100 * ref["tolerance"]  # a pipeline that lost its last micro-batch
+        ref = parallel.reference_grads(config)
+    old_tolerance = max(1e-4, 4 * ref["fp32_error"])
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        ranks = parallel.ranks_order_grads(config, 4)  # on one thread, as a rank
+        assert torch.get_num_threads() == 2  # and this process's count restored
+    finally:
+        torch.set_num_threads(before)
+    assert parallel.relative_error(ranks, ref["grads"]) > old_tolerance  # the H200's failure, on a CPU
+    lost = parallel.relative_error(parallel.accumulated_grads(config, 4, use=3), ranks)
+    assert lost > 1e4 * 1e-5

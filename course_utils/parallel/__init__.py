@@ -33,12 +33,13 @@ Where things are (every name below is also importable from ``course_utils.parall
 * ``data_parallel`` -- ``ddp_worker``, ``CrossReplicaBatchNorm3d``, ``norm_worker``, the demos'
   net and batch (``build_net``, ``NORMS``, ``global_batch``), ``single_process_grads``,
   ``accumulated_grads``, ``per_replica_bn_errors``, ``relative_error``;
-* ``tolerance``     -- ``reference_grads`` (float64 reference and tolerance), ``tf32_errors``,
-  ``tf32_branches``, ``branch_margin``;
+* ``tolerance``     -- ``reference_grads`` (float64 reference, fp32's error against it),
+  ``ranks_order_grads`` (fp32 in the ranks' own arithmetic), ``tf32_errors``, ``tf32_branches``,
+  ``branch_margin``;
 * ``fsdp``          -- ``fsdp_worker``, ``fsdp_units``, ``fsdp_rank_memory``,
   ``fsdp_backward_moments``, ``BACKWARD_PREFETCH``;
 * ``pipeline``      -- ``EncoderStage``, ``DecoderStage``, ``TwoStageUNet``,
-  ``split_and_reference``, ``schedule_order``, ``replay_schedule``, ``gpipe_idle``,
+  ``split_and_reference``, ``schedule_order``, ``replay_schedule``, ``gpipe_idle``, ``bubble_table``,
   ``stage_durations``, ``OpTimer``,
   ``pipeline_worker``, ``pipelining_worker``, ``pipeline_layouts`` and their helpers;
 * ``cli``           -- ``main`` (``python -m``/``torchrun -m course_utils.parallel``, through
@@ -79,6 +80,7 @@ from .launcher import (
 )
 from .pipeline import (
     SCHEDULES,
+    bubble_table,
     DecoderStage,
     EncoderStage,
     OpTimer,
@@ -99,7 +101,7 @@ from .pipeline import (
     stage_saved_bytes,
     unit_durations,
 )
-from .tolerance import branch_margin, reference_grads, tf32_branches, tf32_errors
+from .tolerance import branch_margin, ranks_order_grads, reference_grads, tf32_branches, tf32_errors
 
 #: the public names, submodule by submodule (tests/test_package_layout.py checks that none is missing)
 __all__ = [
@@ -111,9 +113,9 @@ __all__ = [
     "BACKWARD_PREFETCH", "fsdp_backward_moments", "fsdp_rank_memory", "fsdp_units", "fsdp_worker",
     "COLLECTIVE_TIMEOUT_S", "LaunchError", "LaunchTimeout", "backend_for", "compared",
     "launch", "launch_many", "leave_without_teardown", "rendezvous_store",
-    "SCHEDULES", "DecoderStage", "EncoderStage", "OpTimer", "TwoStageUNet", "bubble_fraction", "gpipe_idle",
+    "SCHEDULES", "bubble_table", "DecoderStage", "EncoderStage", "OpTimer", "TwoStageUNet", "bubble_fraction", "gpipe_idle",
     "in_flight", "pipeline_layouts", "pipeline_worker", "pipelining_worker", "replay_schedule",
     "replay_timelines", "schedule_order", "split_and_reference", "stage_durations", "stage_of", "stage_parameters",
     "stage_saved_bytes", "unit_durations",
-    "branch_margin", "reference_grads", "tf32_branches", "tf32_errors",
+    "branch_margin", "ranks_order_grads", "reference_grads", "tf32_branches", "tf32_errors",
 ]

@@ -108,11 +108,66 @@ def gpipe_idle(forward: Sequence[float], backward: Sequence[float], micro_batche
     backwards then flow back the same way, sum(backward) + (M - 1) max(backward) more. Stage s
     is busy M (forward[s] + backward[s]) of that step. With equal stages, forward f and
     backward b, the step is (M + S - 1)(f + b) and every stage's idle share is
-    ``bubble_fraction(S, M)`` = (S - 1) / (M + S - 1); with unequal stages the heavier stage
-    waits less than that and the lighter one more."""
+    ``bubble_fraction(S, M)`` = (S - 1) / (M + S - 1). With unequal stages, as M grows stage s's
+    idle share falls towards 1 - (forward[s] + backward[s]) / (max(forward) + max(backward)),
+    never below it: 0 only for a stage that is the slowest in both directions. The others wait
+    more than with equal stages."""
     m = micro_batches
     step = sum(forward) + (m - 1) * max(forward) + sum(backward) + (m - 1) * max(backward)
     return [1 - m * (f + b) / step for f, b in zip(forward, backward, strict=True)]
+
+
+def bubble_table(runs: dict[tuple[str, int], tuple[dict, dict]]) -> dict:
+    """Notebook 09's bubble, from ``pipeline_worker``'s runs as ``{(schedule, M): (rank 0's run,
+    rank 1's run)}`` (GPipe for M = 1, 4 and 8 at least). Idle share = 1 - busy / step, busy =
+    the time inside the stage's forwards and backwards. Returns:
+
+    * ``measured``: per run, the step and each stage's idle share as the ranks measured them, and
+      as *replayed*: the schedule run again on paper with the same op durations and free
+      communication (``replay_timelines``);
+    * ``formula``: per GPipe run, ``gpipe_idle`` with each stage's mean durations beside the
+      equal-stage ``bubble_fraction``, and the step of 1F1B over GPipe's, both replayed with
+      those constant durations;
+    * ``formula_gap``: the largest difference between ``gpipe_idle`` and the replay of the same
+      constant durations (the derivation checked: 0 up to rounding);
+    * ``steps``: M -> (GPipe's, 1F1B's step) replayed with GPipe M's constant mean durations;
+    * ``waits``: M -> each stage's replayed idle share under GPipe; ``heavier``: the stage (0 or
+      1) busier at GPipe, M = 4; ``light_share``: the lighter stage's share of the work (M = 1);
+      ``limit``: the idle share the heavier stage tends to as M grows (``gpipe_idle``'s
+      docstring), with the largest M's durations; ``slower``: which stage is slower in the
+      forward and in the backward direction (largest M)."""
+    import pandas as pd
+
+    def timelines(key):
+        return [runs[key][0]["timeline"], runs[key][1]["timeline"]]
+
+    measured, formula, steps, gap = [], [], {}, 0.0
+    for (kind, m), (r0, r1) in runs.items():
+        sim = replay_timelines(timelines((kind, m)), kind)
+        measured.append({"schedule": kind, "M": m, "step s (measured)": round(max(r0["step_s"], r1["step_s"]), 3),
+                         "idle 1 / 2 (measured)": f"{1 - r0['busy_s'] / r0['step_s']:.2f} / {1 - r1['busy_s'] / r1['step_s']:.2f}",
+                         "idle 1 / 2 (replayed)": f"{sim['idle'][0]:.2f} / {sim['idle'][1]:.2f}"})
+        if kind != "gpipe":
+            continue
+        fs, bs = stage_durations(timelines((kind, m)))
+        const = [{**{("F", i): fs[s] for i in range(m)}, **{("B", i): bs[s] for i in range(m)}} for s in range(2)]
+        idle = gpipe_idle(fs, bs, m)
+        gpipe, ofob = replay_schedule(const, "gpipe"), replay_schedule(const, "1f1b")
+        gap = max(gap, *(abs(a - b) for a, b in zip(idle, gpipe["idle"], strict=True)))
+        steps[m] = (gpipe["step_s"], ofob["step_s"])
+        formula.append({"M": m, "idle 1 / 2, gpipe_idle (these stages)": f"{idle[0]:.2f} / {idle[1]:.2f}",
+                        "(S-1)/(M+S-1) (equal stages)": round(bubble_fraction(2, m), 2),
+                        "1F1B step / GPipe step (same durations)": round(ofob["step_s"] / gpipe["step_s"], 3)})
+    gpipe_ms = sorted(m for kind, m in runs if kind == "gpipe")
+    waits = {m: replay_timelines(timelines(("gpipe", m)))["idle"] for m in gpipe_ms}
+    heavier = 0 if runs["gpipe", 4][0]["busy_s"] > runs["gpipe", 4][1]["busy_s"] else 1
+    f1, b1 = stage_durations(timelines(("gpipe", 1)))
+    fm, bm = stage_durations(timelines(("gpipe", gpipe_ms[-1])))
+    return {"measured": pd.DataFrame(measured), "formula": pd.DataFrame(formula), "formula_gap": gap,
+            "steps": steps, "waits": waits, "heavier": heavier,
+            "light_share": (f1[1 - heavier] + b1[1 - heavier]) / (sum(f1) + sum(b1)),
+            "limit": 1 - (fm[heavier] + bm[heavier]) / (max(fm) + max(bm)),
+            "slower": {"forward": max((0, 1), key=lambda s: fm[s]), "backward": max((0, 1), key=lambda s: bm[s])}}
 
 
 def stage_durations(timelines: Sequence[list[tuple[str, int, float, float]]]) -> tuple[list[float], list[float]]:
@@ -302,6 +357,8 @@ def pipeline_worker(rank: int, world: int, device: torch.device, config: dict) -
         _pipeline_step(rank, stage, order, xs, ys, shapes, device, timer)
         step_s = timer.now() - timer.t0
         dist.barrier()
+        if rank == 0:  # one line per run: progress, in the notebook
+            print(f"{kind} M={m} done (step {step_s:.2f} s)", flush=True)
         results.append({"micro_batches": m, "schedule": kind, "timeline": list(timer.ops),
                         "step_s": step_s, "busy_s": sum(e - s for _, _, s, e in timer.ops),
                         "saved_peak": meter.peak,
@@ -369,6 +426,8 @@ def pipelining_worker(rank: int, world: int, device: torch.device, config: dict)
                 schedule.step(x.to(device))
             else:
                 schedule.step(target=y.to(device))
+        if rank == 0:
+            print(f"torch.distributed.pipelining {kind} M={m} done", flush=True)
         results[kind] = {"saved_peak": meter.peak,
                          "grads": [p.grad.detach().cpu().clone() for p in module.parameters()]}
     return {"rank": rank, "micro_batches": m, "schedules": results}
