@@ -484,26 +484,16 @@ def hand_count(n: int, s: int) -> float:
     return (s - 1) + 2 * n / s
 
 
-def per_layer_resident_bytes(width: int = 4, round_to: int = 512) -> int:
-    """Parameter and buffer bytes one ``deep_stack`` layer adds, each tensor rounded up to
-    ``round_to`` bytes as CUDA's caching allocator does (512): conv weight, BN weight and bias,
-    running mean and variance, batch counter. Computed from the module, not from a prediction."""
-    layer = deep_stack(1, width)
-    tensors = [*layer.parameters(), *layer.buffers()]
-    return sum(-(-t.numel() * t.element_size() // round_to) * round_to for t in tensors)
-
-
 def sqrt_sweep(ns: Sequence[int] = (4, 8, 16, 32, 64), width: int = 4,
                shape: Sequence[int] = (1, 1, 8, 16, 16)):
     """For each depth n: the predicted peak of the plain stack and of the best segment count
     among the divisors s of n within a factor 2 of sqrt(2n) (``SegmentedStack``, BN-safe), in
     units of one layer's output ``a``. Returns a DataFrame and ``a`` in bytes.
 
-    The best run's peak is also split by category (predictor's breakdown at the peak):
-    ``activations at peak / a``, ``parameters + buffers / a`` (grow linearly with n),
-    ``rest at peak / a`` (temporaries, weight gradients, optimizer state, other), with the
-    phase of the peak; and ``hand count / a``: ``min (s - 1) + 2 n / s`` over the same
-    candidate s (``hand_count``), an independent count of the stored activations."""
+    Two columns say why the best peak's fit ``k sqrt(n) + c`` has a larger ``k`` than Chen et
+    al.'s continuous optimum 2 sqrt(2): ``hand count / a``, ``min (s - 1) + 2 n / s`` over the same
+    candidate s (``hand_count``: s must divide n), and ``parameters + buffers / a`` at the best
+    peak, which grow linearly with n whatever the segment count."""
     import math
 
     import pandas as pd
@@ -521,35 +511,13 @@ def sqrt_sweep(ns: Sequence[int] = (4, 8, 16, 32, 64), width: int = 4,
         preds = {s: predict(n, s) for s in cands}
         best = min(preds, key=lambda s: (preds[s].peak, s))
         b = preds[best].breakdown
-        resident = b["Parameter"] + b["Buffer"]
         rows.append({"layers n": n, "segments tried": cands, "best s": best,
                      "checkpointed peak / a": preds[best].peak / a, "plain peak / a": predict(n, 0).peak / a,
-                     "activations at peak / a": b["Activation"] / a,
-                     "parameters + buffers / a": resident / a,
-                     "rest at peak / a": (preds[best].peak - b["Activation"] - resident) / a,
-                     "weight gradients at peak / a": b["Gradient"] / a,
-                     "hand count / a": min(hand_count(n, s) for s in cands),
-                     "peak in": " ".join(preds[best].log.peak_location)})
+                     "parameters + buffers / a": (b["Parameter"] + b["Buffer"]) / a,
+                     "hand count / a": min(hand_count(n, s) for s in cands)})
     df = pd.DataFrame(rows)
     df.attrs["shape"] = tuple(shape)
     return df, a
-
-
-#: the parts of the best checkpointed peak that ``sqrt_parts_fit`` fits one by one
-SQRT_PARTS = ("activations at peak / a", "parameters + buffers / a", "rest at peak / a")
-
-
-def sqrt_parts_fit(sweep):
-    """``k sqrt(n) + c`` fitted to the best checkpointed peak and to each of its parts
-    (``SQRT_PARTS``) and to the hand count. Least squares is linear in the data, so the parts'
-    ``k`` (and ``c``) add up to the peak's. Returns a DataFrame indexed by ``part``."""
-    import pandas as pd
-
-    n = sweep["layers n"]
-    rows = [{"part": col.removesuffix(" / a"), "k": k, "c": c}
-            for col in ("checkpointed peak / a", *SQRT_PARTS, "hand count / a")
-            for k, c in [sqrt_fit(n, sweep[col])]]
-    return pd.DataFrame(rows).set_index("part")
 
 
 def plot_sqrt_sweep(sweep, ax=None):

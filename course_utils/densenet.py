@@ -270,7 +270,7 @@ def predict_seed004(build: Callable[[], nn.Module], batch: int = SEED004_BATCH, 
 def predict_densenet169(batch: int = SEED004_BATCH, **switches: bool):
     """Seed 004's step on ``densenet169(**switches)`` (``memory_efficient``,
     ``checkpoint_blocks``), predicted at most once per process -- and once per test session, for
-    every process of it (``session_cache``): notebooks 07 and 10 ask for the same variants. The
+    every process of it (``session_cache``): notebooks 10 and 12 ask for the same variants. The
     per-op log is not kept (``log`` is None); peak, breakdown and method are."""
     unknown = set(switches) - {"memory_efficient", "checkpoint_blocks"}
     if unknown:

@@ -1,7 +1,7 @@
 """Seed 004's DenseNet-169: the parameter count against torchvision's documented figure and an
 independent formula, memory-efficient and checkpointed variants equal to the naive one (gradients
 and BN statistics), the batch model against direct predictions, the out-of-memory case, and what a
-memory-efficient dense layer stores (notebook 07)."""
+memory-efficient dense layer stores (notebook 12)."""
 
 from types import SimpleNamespace
 
@@ -79,7 +79,7 @@ def test_steady_state_adds_adam_once():
     assert steady_state(steady_state(b))["Total"] == 120
 
 
-@pytest.mark.sweep  # notebook 07 asserts each of these in make test (cells 4 and 9): make test-sweep, not CI
+@pytest.mark.sweep  # notebook 12 asserts each of these in make test (sections 1 and 2): make test-sweep, not CI
 def test_seed004_runs_out_of_memory_at_batch_8_and_the_techniques_fix_it():
     """DenseNet-169, batch 8, 512 x 512, fp32, Adam: the predicted peak does not fit a 6 GB card
     (after the stated context and workspace allowance); the memory-efficient net does, with room
@@ -124,9 +124,9 @@ def test_a_variant_is_predicted_once_per_session_and_its_copy_drops_only_the_log
         dn._densenet169_step.cache_clear()
 
 
-# -- what a memory-efficient dense layer stores (notebook 07) -------------------------------------
+# -- what a memory-efficient dense layer stores (notebook 12) -------------------------------------
 def test_memory_efficient_dense_layer_stores_two_bottleneck_maps_and_its_new_channels():
-    """Notebook 07's text rests on this: what a memory-efficient dense layer stores."""
+    """Notebook 12's text rests on this: what a memory-efficient dense layer stores."""
     from course_utils.densenet import stored_per_layer
 
     eff = stored_per_layer(True, n_layers=4).set_index("layer")["stored maps (channels)"]

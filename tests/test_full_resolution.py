@@ -1,6 +1,10 @@
 """Seed 004 at full resolution (course_utils.full_resolution): the pixel model's line, the largest
-side as a boundary, accumulation's gradients, BatchNorm at batch 1; README's partial recompute.
-The full-size predictions (DenseNet-169 at 2000 x 2000) run in notebook 07, which asserts them."""
+side as a boundary, accumulation's gradients, BatchNorm at batch 1; README's partial recompute;
+the hand count against the predicted slopes, the checked range and the 32-bit-index side.
+Notebook 12 makes the full-size predictions (DenseNet-169 at 2000 x 2000) and asserts them."""
+
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -99,3 +103,118 @@ def test_smallest_card_is_the_first_that_holds_the_peak():
     assert fr.smallest_card(sixteen) == 16
     assert fr.smallest_card(sixteen + 1) == 24
     assert fr.smallest_card(usable_bytes(80) + 1) is None
+
+
+# -- the hand count, the checked range, 32-bit indexing (notebook 12, section 3) -----------------
+@pytest.fixture(scope="module")
+def full_models():
+    # the eight DenseNet-169 predictions at 2000 x 2000: about 20 CPU-s alone; in make test they are
+    # notebook 12's, shared through the session cache (course_utils.session_cache)
+    return fr.pixel_models()
+
+
+def test_hand_count_agrees_with_every_predicted_slope_and_needs_each_term(full_models):
+    """Notebook 12's table rests on this: the count by hand from DenseNet-169's configuration lands
+    on each predicted slope within the stated tolerance, at the peak the count assumes; and the
+    agreement is not loose: leaving out any term larger than the tolerance breaks it."""
+    small = []
+    for label, m in full_models.items():
+        terms = fr.hand_count(m.variant, m.precision, m.side)["B per pixel"]
+        tolerance = fr.HAND_COUNT_TOLERANCE * m.per_pixel
+        assert abs(terms.sum() - m.per_pixel) < tolerance, label
+        assert m.peak_location == (fr.peak_module(m.variant), "backward"), label
+        for i, term in terms.items():
+            if abs(term) > 2 * tolerance:
+                assert abs(terms.drop(index=i).sum() - m.per_pixel) > tolerance, (label, i)
+            else:
+                small.append((label, i))
+    # every term is tested that way but the fp16 weight copies of the per-block nets (0.2 B/pixel)
+    assert small == [("checkpoint per block, autocast fp16", small[0][1]),
+                     ("memory-efficient + per block, autocast fp16", small[1][1])]
+    assert all(fr.hand_count(*label.split(", "))["what"][i].startswith("fp16 copies") for label, i in small)
+
+
+def test_hand_count_refuses_unknown_names():
+    with pytest.raises(ValueError, match="choose from"):
+        fr.hand_count("nave")
+    with pytest.raises(ValueError, match="choose from"):
+        fr.hand_count("naive", "fp8")
+
+
+def _meta_shapes(side: int, batch: int = 1) -> list[tuple[str, tuple[int, ...]]]:
+    """Every module output of DenseNet-169 for a ``batch x 1 x side x side`` input, on meta tensors."""
+    seen = []
+    with torch.device("meta"), torch.no_grad():
+        net = dn.densenet169()
+        for name, mod in net.named_modules():
+            if name and not list(mod.children()):
+                mod.register_forward_hook(lambda _m, _i, out, name=name: seen.append((name, tuple(out.shape))))
+        net(torch.empty(batch, 1, side, side))
+    return seen
+
+
+@pytest.mark.parametrize("side", [2000, 512, 1001, 13088])
+def test_stage_sides_are_the_networks_own(side):
+    """The hand count's resolutions are the network's (the pools round odd sides down)."""
+    shapes = dict(_meta_shapes(side))
+    sides = fr.stage_sides(side)
+    assert shapes["stem.0"][2:] == (sides["stem"],) * 2
+    assert shapes["stem.3"][2:] == (sides["block 1"],) * 2
+    for i in range(1, 4):
+        assert shapes[f"stages.{i - 1}.1.3"][2:] == (sides[f"block {i + 1}"],) * 2  # transition i's pool
+
+
+@pytest.mark.parametrize("batch", [1, dn.SEED004_BATCH])
+def test_the_int32_side_is_where_the_largest_tensor_passes_2_to_the_31(batch):
+    """Notebook 12 marks sides past this one: the stem's output, the step's largest tensor (with
+    block 1's output), has more than 2^31 - 1 elements there, and 32 pixels less it has not."""
+    side = fr.largest_int32_side(batch)
+    assert side % fr.SIDE_STEP == 0
+    assert fr.stem_output_elements(side, batch) <= fr.INT32_MAX < fr.stem_output_elements(side + fr.SIDE_STEP, batch)
+    largest = max(torch.Size(s).numel() for _, s in _meta_shapes(side + fr.SIDE_STEP, batch))
+    assert largest == fr.stem_output_elements(side + fr.SIDE_STEP, batch)
+    assert {1: 11584, 8: 4064}[batch] == side  # 64 x 5792^2 and 8 x 64 x 2032^2: just below 2^31
+
+
+def test_the_checked_range_is_what_line_check_spans(line):
+    """The range notebook 12 states (512^2 to 2000^2) is the one its comparison spans: seed 004's
+    512 x 512 at batch 8 against lines drawn through batch 1 at 2000 x 2000."""
+    assert fr.CHECKED_SIDES == (dn.SEED004_IMAGE[0], fr.FULL_SIDE)
+    at_full = fr.from_prediction(_tiny_prediction(1, fr.FULL_SIDE), 1, fr.FULL_SIDE, "tiny", "fp32")
+    table = fr.line_check({"tiny": at_full}, {"tiny": (_tiny_prediction(8, 512), 8, 512)})
+    assert table.attrs["checked sides"] == fr.CHECKED_SIDES
+    assert abs(table["error %"].iloc[0]) < 1
+    # another comparison spans another range: the attribute is read off the inputs, not a constant
+    assert fr.line_check({"tiny": line}, {"tiny": (_tiny_prediction(4, 128), 4, 128)}).attrs["checked sides"] == (128, 256)
+    text = "".join("".join(c["source"]) for c in json.loads(
+        (Path(__file__).resolve().parents[1] / "notebooks" / "12_densenet_at_full_resolution.ipynb").read_text())["cells"])
+    lo, hi = fr.CHECKED_SIDES
+    assert f"checked**: for images from {lo}² to {hi}²" in text
+
+
+def test_sides_are_marked_outside_the_checked_range_and_past_the_int32_side(line):
+    lo, hi = fr.CHECKED_SIDES
+    assert [fr.side_mark(s, 8) for s in (lo - fr.SIDE_STEP, lo, hi, hi + 16)] == ["*", "", "", "*"]
+    past = fr.largest_int32_side(8) + fr.SIDE_STEP
+    assert fr.side_mark(past, 8) == "**" and fr.side_mark(past, 1) == "*"
+    assert fr.side_mark(0, 8) == ""  # not even 32 x 32 trains: nothing to mark
+    models = {"tiny": line}
+    plain, marked = fr.sides_table(models, accumulate=True), fr.sides_table(models, accumulate=True, marked=True)
+    assert [f"{s:,}{fr.side_mark(s, 1)}" for s in plain.iloc[0]] == list(marked.iloc[0])
+    assert fr.MARK_UNCHECKED in "".join(marked.iloc[0]) and str(fr.largest_int32_side(8)) in fr.marks_legend(8).replace(",", "")
+
+
+def test_predicting_without_the_optimizer_step_keeps_the_slope():
+    """full_resolution's predictions skip Adam's step and add its two moments: the per-pixel slope
+    is the same to the byte, and ``fixed`` differs only by Adam's step counters (one 0-dim tensor
+    per parameter, 512 bytes each in the predictor)."""
+    def step(optimizer):
+        p = predict_step(lambda: dn.DenseNet(**TINY), **dn.seed004_step_args(1, (256, 256)),
+                         module_peaks=False, optimizer=optimizer)
+        return fr.from_prediction(p, 1, 256)
+
+    with_adam, without = step("adam"), step(None)
+    assert without.per_pixel == with_adam.per_pixel
+    n_tensors = len(list(dn.DenseNet(**TINY).parameters()))
+    assert with_adam.fixed - without.fixed == 512 * n_tensors
+    assert without.peak_location == ("DenseNet", "backward")
