@@ -192,3 +192,23 @@ def test_torchrun_demo_command_fits_the_gpus(monkeypatch, gpus, backend_args, wh
         chosen = torchrun_backend({"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"},
                                   args[1] if args else "auto")
         assert chosen[0] == ("nccl" if gpus >= 2 else "gloo")
+
+
+def test_fsdp_builds_its_mesh_on_the_ranks_device_when_a_gpu_is_visible(monkeypatch):
+    """On a machine with one GPU, ``launch`` runs 2 ranks with gloo on the CPU; ``fsdp_worker``
+    called ``fully_shard`` without a mesh, and FSDP2's default mesh (torch 2.13's
+    ``_init_default_mesh``) is built on ``torch._C._get_accelerator()``, CUDA whenever a GPU is
+    visible: the parameters moved to cuda:0 beside a CPU batch, and notebook 08 failed on the H200
+    run of 2026-11-27. Here the accelerator is reported as CUDA on a CPU machine, in a process
+    group of one rank; the code before issue 41 failed this test ("Torch not compiled with CUDA
+    enabled", checked by running it against that module)."""
+    from course_utils.parallel import fsdp_worker
+
+    monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
+    parallel.dist.init_process_group("gloo", store=parallel.dist.HashStore(), rank=0, world_size=1)
+    try:
+        r = fsdp_worker(0, 1, torch.device("cpu"), {"norm": "gn"})
+    finally:
+        parallel.dist.destroy_process_group()
+    assert r["mesh_device"] == "cpu" and r["param_devices"] == ["cpu"]
+    assert relative_error(r["grads"], parallel.single_process_grads({"norm": "gn"})) < 1e-5

@@ -305,3 +305,44 @@ def test_tiled_step_on_cuda_matches_the_prediction():
     assert row["fits"]
     # the allocator rounds blocks and cuDNN may take a workspace: within 10 % above, never below
     assert predicted * 0.98 <= row["peak allocated MiB"] <= predicted * 1.1
+
+
+def test_measure_caps_the_current_cuda_device_by_its_index(monkeypatch):
+    """Notebook 03's last GPU cell crashed on the H200 run of 2026-11-27: ``measure_tiled_step``
+    handed ``set_per_process_memory_fraction`` a ``torch.device("cuda")`` without an index, which
+    torch refuses (``ValueError: Expected a torch.device with a specified index``). The fake here
+    validates its device the way torch does (torch's own ``_get_device_index``), then stops the
+    step before anything touches a GPU; the code before issue 41 failed it (checked by running
+    this test against that module)."""
+    from types import SimpleNamespace
+
+    from torch.cuda._utils import _get_device_index
+
+    from course_utils.tiling import measure_tiled_step
+
+    class Capped(Exception):
+        pass
+
+    caps = []
+
+    def set_fraction(fraction, device=None):
+        caps.append((fraction, _get_device_index(device)))  # what torch's own function does first
+        raise Capped
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=16 * GiB))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", set_fraction)
+    for device in ("cuda", torch.device("cuda"), "cuda:0"):
+        with pytest.raises(Capped):
+            measure_tiled_step(64, budget_bytes=GiB, device=device)
+    assert caps == [(1 / 16, 0)] * 3
+
+
+@pytest.mark.gpu
+def test_measure_under_a_cap_on_cuda():
+    """Notebook 03's ``measure_seed003_cuda`` path: the step capped at a budget on ``"cuda"``
+    (no index)."""
+    from course_utils.tiling import measure_tiled_step
+
+    row = measure_tiled_step(64, budget_bytes=GiB, device="cuda")
+    assert row["fits"] and row["peak reserved MiB"] <= 1024

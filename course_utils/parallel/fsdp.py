@@ -164,14 +164,21 @@ def _fsdp_peaks(tracker, units: Sequence[nn.Module]) -> dict:
 def fsdp_worker(rank: int, world: int, device: torch.device, config: dict) -> dict:
     """One step with FSDP2: every parameter, its gradient and Adam's state sharded over ranks.
     ``FSDPMemTracker`` (torch's FSDP-aware MemTracker) records, unit by unit, what the rank
-    holds: the resting shard and the parameters gathered while a unit runs."""
+    holds: the resting shard and the parameters gathered while a unit runs.
+
+    The ranks' mesh is built on the rank's own device: without one, ``fully_shard`` builds its
+    default on ``torch._C._get_accelerator()`` (torch 2.13's ``_init_default_mesh``), CUDA
+    whenever a GPU is visible, and on a one-GPU machine, whose ranks run gloo on the CPU, it moved
+    the parameters to ``cuda:0`` beside a CPU batch (the H200 run of 2026-11-27)."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     net = build_net(config).to(device)
+    mesh = init_device_mesh(device.type, (world,))
     for unit in fsdp_units(net):
-        fully_shard(unit)
-    fully_shard(net)
+        fully_shard(unit, mesh=mesh)
+    fully_shard(net, mesh=mesh)
     x, y = global_batch(config)
     xs, ys = x.chunk(world)[rank].to(device), y.chunk(world)[rank].to(device)
     opt = torch.optim.Adam(net.parameters())
@@ -181,5 +188,6 @@ def fsdp_worker(rank: int, world: int, device: torch.device, config: dict) -> di
         loss.backward()
         opt.step()
     full = [p.grad.full_tensor().detach().cpu() for p in net.parameters()]
-    return {"rank": rank, "loss": loss.item(), "grads": full, **_fsdp_peaks(tracker, fsdp_units(net)),
+    return {"rank": rank, "loss": loss.item(), "grads": full, "mesh_device": mesh.device_type,
+            "param_devices": sorted({p.device.type for p in net.parameters()}), **_fsdp_peaks(tracker, fsdp_units(net)),
             **state_bytes(list(net.parameters()), opt)}

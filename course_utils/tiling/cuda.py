@@ -20,10 +20,14 @@ def measure_tiled_step(n: int, owned: int = 1, *, device: str | torch.device = "
     """Run seed 003's tiled step on an N^3 volume for real and measure it: on CUDA with the
     allocator's peaks (``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``, capped
     at ``budget_bytes`` with ``set_per_process_memory_fraction``; an out-of-memory error is
-    caught and reported); on CPU only the time (no allocator statistics)."""
+    caught and reported); on CPU only the time (no allocator statistics). ``"cuda"`` means the
+    current CUDA device: ``set_per_process_memory_fraction`` needs its index (a
+    ``torch.device("cuda")`` without one raised ``ValueError`` on the H200 run of 2026-11-27)."""
     import time
 
     device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     tiles = -(-n // owned)
     cuda = device.type == "cuda"
     row: dict[str, Any] = {"N": n, "slabs": tiles, "streamed": stream}
