@@ -122,7 +122,7 @@ def test_05_nets_cover_both_phases_and_both_answers():
     # "always backward" passing had three backward peaks and no forward one
     from course_utils.grading import ex05
 
-    phases = [ex05.peak_of(name, False)[0] for name in ex05.NETS]
+    phases = [ex05.peak_of(name, False)[1] for name in ex05.NETS]
     lowers = [ex05.peak_of(name, True)[2] < ex05.peak_of(name, False)[2] for name in ex05.NETS]
     assert set(phases) == {"forward", "backward"}, phases
     assert set(lowers) == {True, False}, lowers

@@ -12,6 +12,7 @@ from torch.nn import functional as F
 
 from course_utils import SavedTensorMeter, UNet3D
 from course_utils.inplace_abn import (
+    compare_with_reference,
     InPlaceABN, InPlaceABNFunction, bn_leaky_relu, channel_stats, inplace_abn,
 )
 
@@ -226,3 +227,13 @@ def test_channel_sums_held_in_fp16_overflow_and_fp32_does_not():
     # the old demo's hazard, var * count, is not what an implementation computes: the variance
     # itself is finite and about 1 in fp16
     assert torch.isfinite(torch.var_mean(x16, dim=[0, 2], correction=0)[0]).all()
+
+
+def test_compare_with_reference_agrees_and_sees_the_scale_eps():
+    """Notebook 06, section 3, rests on this: In-Place ABN equals F.batch_norm (scale |gamma| +
+    eps) + F.leaky_relu to 1e-5 in output, every gradient and the running variance, and differs
+    from plain BatchNorm3d + LeakyReLU by the eps on the scale (visible, below 1e-4)."""
+    table = compare_with_reference(slope=0.02, eps=1e-3, momentum=0.3).set_index("compared")["max abs difference"]
+    assert list(table.index[:5]) == ["output", "d input", "d gamma", "d beta", "running var"]
+    assert table.iloc[:5].max() < 1e-5
+    assert 0 < table.iloc[5] < 1e-4

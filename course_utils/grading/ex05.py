@@ -42,7 +42,7 @@ def inplace_relu_is_safe_after(op: str) -> bool:
 
 ANSWERS = EX.part("answers", "which ops may be followed by ReLU(inplace=True)", 2, ["answers"], secret=True)
 FIXED = EX.part("fixed", "fixed(x): same values as broken(x), working backward, right gradient", 2, ["fixed"])
-PEAK = EX.part("peak", "where_is_the_peak: the phase and module at a net's predicted peak", 2,
+PEAK = EX.part("peak", "where_is_the_peak: the module and phase at a net's predicted peak", 2,
                ["where_is_the_peak"])
 LOWERS = EX.part("lowers", "inplace_lowers_peak: does in-place ReLU lower a net's predicted peak?", 1,
                  ["inplace_lowers_peak"])
@@ -122,12 +122,12 @@ PHASES = ("forward", "backward", "optimizer/other")
 @reference
 @functools.lru_cache(maxsize=None)
 def peak_of(name: str, inplace: bool) -> tuple[str, str, int]:
-    """(phase, module, peak bytes) of the net's predicted step (no optimizer): where the step's
-    peak is, as ``MemoryLog.peak_location`` defines it."""
+    """(module, phase, peak bytes) of the net's predicted step (no optimizer): where the step's
+    peak is, as ``MemoryLog.peak_location`` defines it (in its order)."""
     plain, inp, shape = NETS[name]
     pred = predict_step(inp if inplace else plain, shape, n_classes=5, optimizer=None)
     module, phase = pred.log.peak_location
-    return phase, module, pred.peak
+    return module, phase, pred.peak
 
 
 @PEAK.observe
@@ -145,12 +145,12 @@ def _(got, seed):
     for name in NETS:
         answer = got.get(name)
         if not (isinstance(answer, list) and len(answer) == 2 and all(isinstance(a, str) for a in answer)):
-            raise CheckFailed(f"{name}: return a pair of strings (phase, module name), got {short(answer, 80)}")
-        phase, module = answer
-        ref_phase, ref_module, _ = peak_of(name, False)
+            raise CheckFailed(f"{name}: return a pair of strings (module name, phase), got {short(answer, 80)}")
+        module, phase = answer
+        ref_module, ref_phase, _ = peak_of(name, False)
         if phase not in PHASES and module in PHASES:
-            raise CheckFailed(f"{name}: return (phase, module) -- phase first; peak_location gives "
-                              "(module, phase)")
+            raise CheckFailed(f"{name}: return (module, phase) -- module first, as peak_location "
+                              "gives it")
         if phase not in PHASES:
             raise CheckFailed(f"{name}: the phase is one of {', '.join(PHASES)}, got {short(phase, 40)}")
         checkpointed = "checkpointed" in name

@@ -1,9 +1,12 @@
 """Exercise 06 -- the backward of In-Place Activated BatchNorm, from its output alone.
 
-``abn_backward(z, dz, weight, bias, invstd, slope, training) -> (dx, dweight, dbias)``. The check
-computes ``z`` from a random ``x`` and compares the learner's gradients with autograd's through
-``batch_norm`` + ``leaky_relu`` (float64), in training and eval mode, for 5D and 3D inputs, and
-inside ``InPlaceABN``'s autograd function against ``BatchNorm3d`` + ``LeakyReLU``.
+``abn_backward(z, dz, scale, bias, invstd, slope, training) -> (dx, dscale, dbias)``, where
+``scale`` is the per-channel scale s the forward stored (``InPlaceABNFunction`` stores
+|weight| + eps: notebook 06, section 2). The check computes ``z`` from a random ``x`` and compares
+the learner's gradients with autograd's through ``batch_norm`` (with ``scale`` as its weight) +
+``leaky_relu`` (float64), in training and eval mode, for 5D and 3D inputs, some scales negative
+(the inversion holds for any s != 0), and inside ``InPlaceABN``'s autograd function against
+``BatchNorm3d`` + ``LeakyReLU``.
 """
 
 from __future__ import annotations
@@ -21,12 +24,12 @@ EPS = 1e-5
 
 
 def abn_case(seed: int, salt: int, shape: tuple[int, ...], training: bool) -> dict:
-    """x, the per-channel parameters and statistics, z and an upstream gradient dz (float64)."""
+    """x, the per-channel scale, bias and statistics, z and an upstream gradient dz (float64)."""
     g = seeded(seed, 60, salt)
     c = shape[1]
     x = 2 * torch.randn(shape, generator=g, dtype=torch.float64) + 0.5
-    weight = (torch.rand(c, generator=g, dtype=torch.float64) + 0.5) * torch.where(
-        torch.rand(c, generator=g) < 0.3, -1.0, 1.0).double()  # some negative gammas
+    scale = (torch.rand(c, generator=g, dtype=torch.float64) + 0.5) * torch.where(
+        torch.rand(c, generator=g) < 0.3, -1.0, 1.0).double()  # some negative scales
     bias = torch.randn(c, generator=g, dtype=torch.float64)
     mean_run = torch.randn(c, generator=g, dtype=torch.float64)
     var_run = torch.rand(c, generator=g, dtype=torch.float64) + 0.5
@@ -39,27 +42,27 @@ def abn_case(seed: int, salt: int, shape: tuple[int, ...], training: bool) -> di
     else:
         var, mean = var_run, mean_run
     invstd = torch.rsqrt(var + EPS)
-    z = nn.functional.leaky_relu((x - mean.view(view)) * (invstd * weight).view(view) + bias.view(view), slope)
-    return {"x": x, "z": z, "dz": dz, "weight": weight, "bias": bias, "invstd": invstd, "slope": slope,
+    z = nn.functional.leaky_relu((x - mean.view(view)) * (invstd * scale).view(view) + bias.view(view), slope)
+    return {"x": x, "z": z, "dz": dz, "scale": scale, "bias": bias, "invstd": invstd, "slope": slope,
             "mean_run": mean_run, "var_run": var_run, "training": training}
 
 
 def run_learner(abn_backward, case: dict) -> list:
     """The learner's ``abn_backward`` on a case (copies of its tensors, so the case stays intact);
-    returns ``[dx, dweight, dbias]``, or raises TypeError when it does not return three."""
-    out = abn_backward(case["z"].clone(), case["dz"].clone(), case["weight"].clone(), case["bias"].clone(),
+    returns ``[dx, dscale, dbias]``, or raises TypeError when it does not return three."""
+    out = abn_backward(case["z"].clone(), case["dz"].clone(), case["scale"].clone(), case["bias"].clone(),
                        case["invstd"].clone(), case["slope"], case["training"])
     if not isinstance(out, (tuple, list)) or len(out) != 3:
-        raise TypeError(f"abn_backward must return (dx, dweight, dbias), got {type(out).__name__}")
+        raise TypeError(f"abn_backward must return (dx, dscale, dbias), got {type(out).__name__}")
     return list(out)
 
 
 @reference
 def autograd_gradients(case: dict) -> list[torch.Tensor]:
-    """The reference ``[dx, dweight, dbias]``: autograd through BatchNorm and LeakyReLU on the same
-    case (float64)."""
+    """The reference ``[dx, dscale, dbias]``: autograd through BatchNorm (weight = the scale) and
+    LeakyReLU on the same case (float64)."""
     x = case["x"].clone().requires_grad_()
-    w = case["weight"].clone().requires_grad_()
+    w = case["scale"].clone().requires_grad_()
     b = case["bias"].clone().requires_grad_()
     y = nn.functional.batch_norm(x, case["mean_run"].clone(), case["var_run"].clone(), w, b,
                                  training=case["training"], momentum=0.0, eps=EPS)
@@ -69,12 +72,12 @@ def autograd_gradients(case: dict) -> list[torch.Tensor]:
 
 
 def _judge_case(got: list, case: dict, what: str) -> None:
-    expect_list(f"{what}: abn_backward", got, 3, "gradients (dx, dweight, dbias)")
-    for name, g, e in zip(("dx", "dweight", "dbias"), got, autograd_gradients(case), strict=True):
+    expect_list(f"{what}: abn_backward", got, 3, "gradients (dx, dscale, dbias)")
+    for name, g, e in zip(("dx", "dscale", "dbias"), got, autograd_gradients(case), strict=True):
         expect_close(f"{what}: {name}", g, e, atol=1e-8, rtol=1e-6)
 
 
-TRAIN = EX.part("train", "training mode: dx, dweight, dbias equal autograd's (float64)", 2, ["abn_backward"])
+TRAIN = EX.part("train", "training mode: dx, dscale, dbias equal autograd's (float64)", 2, ["abn_backward"])
 EVAL = EX.part("eval", "eval mode (running statistics): equal autograd's", 2, ["abn_backward"])
 ANY_DIMS = EX.part("dims", "any number of spatial dims (a 3D input: batch, channels, length)", 1,
                    ["abn_backward"])
@@ -128,9 +131,9 @@ def _(abn_backward, seed):
     class LearnerABN(InPlaceABNFunction):
         @staticmethod
         def backward(ctx, dz):
-            z, weight, bias, invstd = ctx.saved_tensors
-            dx, dw, db = abn_backward(z, dz, weight, bias, invstd, ctx.slope, ctx.training)
-            return dx, dw, db, None, None, None, None, None, None
+            z, scale, bias, invstd = ctx.saved_tensors  # scale = |weight| + eps
+            dx, dscale, db = abn_backward(z, dz, scale, bias, invstd, ctx.slope, ctx.training)
+            return dx, dscale * ctx.weight_sign, db, None, None, None, None, None, None  # d|w|/dw
 
     x, w, b = _module_inputs(seed)
     x2 = x.clone().requires_grad_()
@@ -150,7 +153,7 @@ def _(got, seed):
     act(bn(x1)).sum().backward()
     expect_list("the gradients through InPlaceABN", got, 3, "gradients (input, weight, bias)")
     if any(g is None for g in got):
-        raise CheckFailed("a gradient is None: return (dx, dweight, dbias)")
+        raise CheckFailed("a gradient is None: return (dx, dscale, dbias)")
     for name, g, e in zip(("d input", "d weight", "d bias"), got, (x1.grad, bn.weight.grad, bn.bias.grad), strict=True):
         expect_close(name, g, e, atol=1e-4, rtol=1e-3)
 
