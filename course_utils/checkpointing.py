@@ -365,15 +365,17 @@ def cost_estimate(build_plain: Callable[[], nn.Module], build: Callable[[], nn.M
 # --------------------------------------------------------------------------------------------
 def time_steps(builds: dict[str, Callable[[], nn.Module]], input_shape: Sequence[int], *,
                reps: int = 7, n_classes: int = 5, device: str | torch.device = "cpu",
-               warmup: int = 1, seed: int = 0):
+               warmup: int = 1, seed: int = 0, progress: bool = False):
     """Measured seconds of one training step (forward, backward, Adam) per variant.
 
     Every variant is built once and warmed up; then ``reps`` rounds run each variant once, in
     turn (interleaved, so that a slow phase of a shared machine hits every variant alike). Per
     variant: the median, the minimum and the spread ``(max - min) / median`` of its repetitions;
     ``noise`` is the largest spread of any variant -- differences between medians smaller than
-    it are not evidence. Returns a pandas DataFrame (seconds)."""
+    it are not evidence. ``progress=True`` shows a tqdm bar over the rounds. Returns a pandas
+    DataFrame (seconds)."""
     import pandas as pd
+    from tqdm.auto import tqdm
 
     if reps < 3:
         raise ValueError(f"reps must be >= 3 for a median and a spread, got {reps}")
@@ -402,7 +404,7 @@ def time_steps(builds: dict[str, Callable[[], nn.Module]], input_shape: Sequence
         for _ in range(warmup):
             step(model, opt)
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(reps):
+    for _ in tqdm(range(reps), desc="timing rounds", unit="round", disable=not progress):
         for name, (model, opt) in runs.items():
             times[name].append(step(model, opt))
     rows = []
@@ -433,7 +435,7 @@ def report_times(df, digits: int = 4):
 
 
 # --------------------------------------------------------------------------------------------
-# Pictures and sweeps for notebook 07 (and the capstone)
+# Pictures and sweeps for notebooks 07 and 12 (and the capstone)
 # --------------------------------------------------------------------------------------------
 #: the stacked-bar categories, bottom to top, and what each is called on the plot
 BAR_PARTS = (("Parameter", "parameters + buffers"), ("Gradient", "gradients"),
