@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .memory import MiB, SavedTensor, measure_step, predict_step, require_cuda, storage_key
+from . import recorded
+from .memory import MiB, SavedTensor, largest_that_fits, measure_step, predict_step, require_cuda, storage_key
 
 #: Seed 003's measurements (MB as read off nvidia-smi, CUDA context included): N -> (forward,
 #: backward); None = the run failed (OOM, or cuDNN had no 3D backward algorithm at that size).
@@ -30,6 +31,9 @@ SEED003_TORCH_RATIO = (1.2, 1.5)
 SEED003_CHAINER_RATIO = 0.88
 #: the seed's GPU: it ran out at N=400 (torch), i.e. about 8 GB.
 SEED003_BUDGET_GIB = 8
+#: the seed's "Variables" (MB read off nvidia-smi) at N = 350 and, for its out-of-memory run, at
+#: N = 400: the input and the target on the GPU (2 x 4 N^3 bytes: 327 and 488 MiB)
+SEED003_VARIABLES_MB = {350: 320, 400: 480}
 
 
 class LimitTestNet(nn.Sequential):
@@ -145,6 +149,82 @@ def seed003_forward_table(ns=None):
                      "excess / input": round((seed_fwd - ours) / inp, 1),
                      "method": "seed: nvidia-smi (2017); course: predicted for a CUDA GPU"})
     return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# The step on a real card: what the course's GPU runs measured (docs/gpu-runs/)
+# --------------------------------------------------------------------------------------------
+def recorded_backward_excess(folder=None):
+    """Seed 003's step as the course's GPU runs measured it at N = 128, 256, 384: the H100 run's
+    ``limit.json`` and the kit's ``examples/seed003`` task in each ``kit.json`` under
+    ``docs/gpu-runs/`` (``folder``: its default is ``recorded.gpu_runs``'). Per run and N: what
+    the backward pass adds on top of the forward (peak minus allocated after the forward),
+    measured and predicted, and their difference in input volumes (4 N^3 bytes). A difference of
+    two rises cancels what was allocated before the step (65 MiB on the H200 run). A pandas
+    DataFrame, one row per run and N; empty without a recorded run."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    folder = Path(folder) if folder else recorded.recorded_folder().parent / "docs" / "gpu-runs"
+    found = []
+    for path in sorted(folder.glob("*/limit.json")):
+        data = json.loads(path.read_text())
+        found.append((data["machine"], data.get("limit") or []))
+    for path in sorted(folder.glob("*/kit.json")):
+        data = json.loads(path.read_text())
+        task = next((t for t in data.get("tasks", []) if t["name"] == "examples/seed003" and t.get("result")), None)
+        if task is not None:
+            found.append((data["machine"], task["result"]["rows"]))
+    rows = []
+    for m, limit_rows in found:
+        for r in limit_rows:
+            measured = r["measured peak MiB"] - r["measured after forward MiB"]
+            predicted = r["predicted peak MiB"] - r["predicted after forward MiB"]
+            rows.append({"GPU run": f"{m['gpu']}, {m['date']}, torch {m['torch']}", "N": r["N"],
+                         "backward adds, measured MiB": measured, "backward adds, predicted MiB": predicted,
+                         "extra / input volume": (measured - predicted) * MiB / input_bytes(r["N"])})
+    return pd.DataFrame(rows)
+
+
+def recorded_largest_n(key: str = "03/largest_n") -> dict | None:
+    """The largest N a GPU run measured under notebook 03's 8 GiB cap (``recorded.lookup(key)``):
+    ``{"N", "context" (bytes the search subtracted from the cap, measured mid-notebook), "context
+    at start" (MiB, what the same run measured when it began: ``recorded.gpu_runs``; None if not
+    recorded), "gpu", "label"}``; None without a recording."""
+    rec = recorded.lookup(key)
+    if rec is None:
+        return None
+    row = rec.value.iloc[0]  # its cap reads "8 GiB - context <MiB> MiB"
+    context_mib = float(row["cap"].split("context ")[1].split()[0])
+    start = next((r.context_mib for r in recorded.gpu_runs()
+                  if (r.meta["gpu"], r.meta["date"]) == (rec.meta["gpu"], rec.meta["date"])), None)
+    return {"N": int(row["largest N, measured"]), "context": context_mib * MiB, "context at start": start,
+            "gpu": rec.meta["gpu"], "label": rec.label}
+
+
+def largest_n_on_a_card(budget_bytes: int, context_bytes: float, workspace_volumes: float,
+                        reserved_ratio: float, start: int = 16):
+    """Seed 003's largest N on a card of ``budget_bytes``, one correction at a time, each a
+    search over ``run_limit_test``'s predicted peak (``largest_that_fits``): the budget as 8 GiB
+    of tensors; minus ``context_bytes`` (what the GPU holds outside the allocator, which the GPU
+    search subtracts from its cap); plus ``workspace_volumes`` input volumes at the peak (cuDNN's
+    backward workspace, which the CPU prediction does not see); times ``reserved_ratio`` (the cap
+    limits the allocator's reserved segments, not the tensors). A pandas Series, step -> N."""
+    import pandas as pd
+
+    cap = budget_bytes - context_bytes
+
+    def largest(bound, volumes=0.0, ratio=1.0):
+        return largest_that_fits(lambda k: ratio * (run_limit_test(k).peak + volumes * input_bytes(k)) <= bound,
+                                 start=start, limit=4096)
+
+    return pd.Series({"tensors alone fill the budget": largest(budget_bytes),
+                      "minus the context": largest(cap),
+                      f"plus cuDNN's workspace ({workspace_volumes:g} volumes)": largest(cap, workspace_volumes),
+                      f"reserved = {reserved_ratio:.2f} x allocated": largest(cap, workspace_volumes, reserved_ratio)},
+                     name="largest N [predicted, corrected]")
 
 
 # --------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from course_utils import (
 from course_utils.limit_test import (
     LimitTestNet, expected_saved_bytes, input_bytes, make_inputs, naive_bytes,
 )
-from course_utils.memory import MiB, CATEGORIES, MemoryLog
+from course_utils.memory import GiB, MiB, CATEGORIES, MemoryLog
 from course_utils.limit_test import run_limit_test, seed003_forward_table
 from course_utils.memory import LiveBytes
 
@@ -86,6 +86,24 @@ def test_memory_log_rows_and_breakdown():
     assert list(df.columns[:5]) == ["event", "call", "module", "layer_type", "hook"]
     per = log.per_module_saved()
     assert "inc.double_conv.0" in per and all(v >= 0 for v in per.values())
+
+
+def test_saved_by_layer_type_and_the_tie_notebook_02_explains():
+    """Notebook 02 asks which two layer types tie in what they save: BatchNorm3d keeps its input and
+    ReLU its output, one full map each per conv; BN's extra is per-channel (running mean and
+    variance, the batch's mean and inverse std: 4 fp32 numbers a channel). Conv3d saves less: most
+    of its inputs are ReLU outputs, counted there."""
+    torch.manual_seed(0)
+    net = UNet3D(levels=3, channels=4)
+    log = log_step(net, torch.randn(2, 1, 8, 8, 8), torch.randint(0, 5, (2, 8, 8, 8)),
+                   optimizer=torch.optim.Adam(net.parameters()))
+    by_type = log.saved_by()
+    assert by_type.sum() == sum(log.per_module_saved().values())
+    bn_channels = sum(m.num_features for m in net.modules() if isinstance(m, torch.nn.BatchNorm3d))
+    assert by_type["BatchNorm3d"] - by_type["ReLU"] == 4 * 4 * bn_channels
+    assert by_type["Conv3d"] < by_type["ReLU"] and by_type["Upsample"] == 0
+    by_block = log.saved_by(lambda name: name.split(".")[0])
+    assert set(by_block.index) == {"inc", "downs", "ups", "outc"} and by_block.sum() == by_type.sum()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -609,6 +627,47 @@ def test_limit_run_row_has_five_columns_and_the_rest_on_request():
     full = run.row(show_all=True)
     assert list(full)[:5] == list(run.row()) and {"input MiB", "saved MiB", "method"} <= set(full)
     assert full["method"] == run.method and full["saved MiB"] == round(run.saved / MiB, 1)
+
+
+def test_recorded_backward_excess_reads_both_kinds_of_gpu_record(tmp_path):
+    """Notebook 03's account of the GPU's largest N rests on this: cuDNN's backward workspace in
+    input volumes, read from a run's ``limit.json`` and from the kit's ``examples/seed003`` task,
+    as the difference of the backward's rises (what was allocated before the step cancels)."""
+    import json
+
+    from course_utils.limit_test import recorded_backward_excess
+
+    machine = {"gpu": "G", "date": "2026-01-01", "torch": "2.13", "cuda": "13"}
+    row = {"N": 128, "predicted peak MiB": 248.0, "predicted after forward MiB": 120.0,
+           "measured peak MiB": 361.0, "measured after forward MiB": 185.0}  # 65 MiB held before the step
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "limit.json").write_text(json.dumps({"machine": machine, "limit": [row]}))
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "kit.json").write_text(json.dumps({"machine": {**machine, "gpu": "H"}, "tasks": [
+        {"name": "examples/densenet", "result": {"rows": []}},
+        {"name": "examples/seed003", "result": {"rows": [{**row, "N": 256, "measured peak MiB": 1984.0 + 384 + 65,
+                                                           "predicted peak MiB": 1984.0,
+                                                           "predicted after forward MiB": 960.0,
+                                                           "measured after forward MiB": 1025.0}]}}]}))
+    table = recorded_backward_excess(tmp_path)
+    assert list(table["GPU run"]) == ["G, 2026-01-01, torch 2.13", "H, 2026-01-01, torch 2.13"]
+    assert list(table["extra / input volume"]) == [6.0, 6.0]  # 48 MiB at N = 128, 384 MiB at 256
+    assert recorded_backward_excess(tmp_path / "none").empty
+
+
+def test_largest_n_on_a_card_applies_each_correction_in_turn():
+    """Notebook 03's chain from the predicted largest N (8 GiB of tensors) to a real card's: each
+    step a search over the predicted peak, each correction taking N down."""
+    from course_utils.limit_test import largest_n_on_a_card
+
+    budget = 2 * GiB
+    steps = largest_n_on_a_card(budget, 256 * MiB, 6, 1.1)
+    assert steps.iloc[0] == largest_that_fits(lambda k: run_limit_test(k).peak <= budget, start=16)
+    assert steps.is_monotonic_decreasing and steps.iloc[-1] < steps.iloc[0]
+    n = int(steps.iloc[2])
+    assert run_limit_test(n).peak + 6 * input_bytes(n) <= budget - 256 * MiB
+    assert run_limit_test(n + 1).peak + 6 * input_bytes(n + 1) > budget - 256 * MiB
+    assert largest_n_on_a_card(budget, 0, 0, 1.0).nunique() == 1  # no correction, no change
 
 
 def test_the_graph_walk_drawing_shades_what_autograd_saved():
