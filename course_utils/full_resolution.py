@@ -122,8 +122,11 @@ class PixelModel:
         if free <= 0:
             return 0
         side = int((free / (batch * self.per_pixel)) ** 0.5) // SIDE_STEP * SIDE_STEP
-        while side and self.peak(batch, side, accumulate) > budget_bytes:  # float rounding
+        # the square root is rounded either way: step to the boundary from whichever side it lands
+        while side and self.peak(batch, side, accumulate) > budget_bytes:
             side -= SIDE_STEP
+        while self.peak(batch, side + SIDE_STEP, accumulate) <= budget_bytes:
+            side += SIDE_STEP
         return side
 
 

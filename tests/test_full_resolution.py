@@ -43,6 +43,16 @@ def test_largest_side_is_the_boundary(line):
     assert line.largest_side(line.fixed * 0.5) == 0  # not even the parameters fit
 
 
+def test_a_side_that_fills_the_budget_exactly_is_the_largest():
+    """The square root in ``largest_side`` can land just below an exact side (per_pixel 0.1, batch 3,
+    side 224 gave 192: found while exercise 12 was written); the search must step up as well as down."""
+    m = fr.PixelModel("x", "fp32", fixed=0, per_pixel=0.1, all_gradients=0, gradient_at_peak=0, side=0,
+                      seconds=0.0, method="")
+    misses = [(b, s) for b in range(1, 9) for s in range(32, 4096, 32)
+              if m.largest_side(m.peak(b, s), batch=b) != s]
+    assert misses == []
+
+
 def test_accumulation_keeps_every_gradient(line):
     assert line.all_gradients >= line.gradient_at_peak
     assert line.peak(1, 512, accumulate=True) - line.peak(1, 512) == line.all_gradients - line.gradient_at_peak
