@@ -32,6 +32,7 @@ import glob
 import json
 import os
 import platform
+from html.parser import HTMLParser
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,31 +168,37 @@ class Recorded:
     key: str
     value: Any
     meta: dict[str, str]
+    source: str = ""  # where it was read from, when not from recorded/ (``FROM_OUTPUTS``)
 
     @property
     def label(self) -> str:
         m = self.meta
-        return f"recorded on {m['gpu']}, {m['date']}, torch {m['torch']} (CUDA {m['cuda']})"
+        where = f"; {self.source}" if self.source else ""
+        return f"recorded on {m['gpu']}, {m['date']}, torch {m['torch']} (CUDA {m['cuda']}){where}"
 
 
 def lookup(key: str, folder: str | Path | None = None) -> Recorded | None:
     """The newest recording of ``key`` among the ``*.json`` of ``folder`` (by default
-    ``recorded_folder()``), or None."""
+    ``recorded_folder()``) or, for a key of ``FROM_OUTPUTS``, in the output of its cell in a GPU
+    run's executed notebook (``docs/gpu-runs/`` beside ``folder``); recorded/ wins a tie. None if
+    neither holds it."""
+    folder = Path(folder or recorded_folder())
     found = []
-    for path in sorted(Path(folder or recorded_folder()).glob("*.json")):
+    for path in sorted(folder.glob("*.json")):
         data = json.loads(path.read_text())
         if key in data.get("figures", {}):
-            found.append((data["meta"]["date"], data["meta"], data["figures"][key]))
+            found.append((data["meta"]["date"], 1, Recorded(key, _decode(data["figures"][key]), data["meta"])))
+    found += [(rec.meta["date"], 0, rec) for rec in _from_outputs(key, folder.parent / "docs" / "gpu-runs")]
     if not found:
         return None
-    _, meta, entry = max(found, key=lambda f: f[0])
-    return Recorded(key, _decode(entry), meta)
+    return max(found, key=lambda f: f[:2])[2]
 
 
-def show(key: str, what: str = "", folder: str | Path | None = None) -> Any:
+def show(key: str, what: str = "", folder: str | Path | None = None, drop: tuple[str, ...] = ()) -> Any:
     """Print (and display, in a notebook) the GPU figure recorded under ``key``, labelled with
     where it came from; without a recording, say so. ``what`` describes the figure for that
-    case. Returns the value or None."""
+    case. ``drop``: columns of a table left out of the display (a table stays narrow), each
+    printed below it instead, as one line per distinct value. Returns the value (whole) or None."""
     rec = lookup(key, folder)
     if rec is None:
         print(f"No GPU run has been recorded for this figure yet{f' ({what})' if what else ''}: "
@@ -202,18 +209,119 @@ def show(key: str, what: str = "", folder: str | Path | None = None) -> Any:
         from IPython.display import display
     except ImportError:  # plain Python
         display = print
-    display(rec.value)
+    shown = [c for c in drop if hasattr(rec.value, "columns") and c in rec.value.columns]
+    display(rec.value.drop(columns=shown) if shown else rec.value)
+    for c in shown:
+        print(f"{c}: " + "; ".join(map(str, dict.fromkeys(rec.value[c]))))
     return rec.value
+
+
+# --------------------------------------------------------------------------------------------
+# Figures a GPU run measured before their cell recorded them: read from its executed notebook
+# --------------------------------------------------------------------------------------------
+#: key -> (an executed notebook under a run's ``notebooks/``, the id of the cell that records the
+#: key now, the columns of its table). The GPU kit's first H200 run executed these cells when they
+#: displayed their table without ``record`` (notebook 04's) or before it (notebook 02's cell
+#: failed later, so nothing of that notebook was collected); each entry was checked to be the very
+#: computation the cell records now: the same code, the same configuration (the full preset). The
+#: columns are checked too: an output of another shape is not the figure.
+FROM_OUTPUTS = {
+    "02/hooks_vs_memtracker": ("02_measure_memory_with_hooks.ipynb", "c11",
+                               ("forward rows", "rows equal", "largest difference B", "our method", "MemoryLog")),
+    "04/measured": ("04_mixed_precision.ipynb", "c27",
+                    ("net", "variant", "peak MiB", "peak vs baseline %", "kept after forward MiB", "method")),
+}
+
+
+class _HtmlTable(HTMLParser):
+    """The rows of the HTML tables in a text (pandas' ``to_html``, as a notebook shows a
+    DataFrame): ``rows`` holds (in the header?, [cell texts]) per row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[bool, list[str]]] = []
+        self._head, self._row, self._cell = False, None, None
+
+    def handle_starttag(self, tag: str, attrs: Any) -> None:  # noqa: ARG002 (HTMLParser's signature)
+        if tag in ("thead", "tbody"):
+            self._head = tag == "thead"
+        elif tag == "tr":
+            self._row = []
+        elif tag in ("td", "th") and self._row is not None:
+            self._cell = ""
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self._cell is not None:
+            self._row.append(self._cell.strip())
+            self._cell = None
+        elif tag == "tr" and self._row is not None:
+            self.rows.append((self._head, self._row))
+            self._row = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell += data
+
+
+def _number(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def html_table(html: str):
+    """A DataFrame (pandas) from the first table of ``html`` as pandas writes it: one header row
+    (the index's cell blank), then one row per index value; numbers read back as numbers."""
+    import pandas as pd
+
+    parser = _HtmlTable()
+    parser.feed(html)
+    head = next(cells for in_head, cells in parser.rows if in_head)
+    body = [cells for in_head, cells in parser.rows if not in_head]
+    return pd.DataFrame([[_number(c) for c in cells[1:]] for cells in body], columns=head[1:],
+                        index=[_number(cells[0]) for cells in body])
+
+
+def _from_outputs(key: str, runs: Path) -> list[Recorded]:
+    """``key``'s table in each run under ``runs`` whose executed notebook shows it (``FROM_OUTPUTS``),
+    with the run's machine (its kit.json)."""
+    if key not in FROM_OUTPUTS or not runs.is_dir():
+        return []
+    name, cell_id, columns = FROM_OUTPUTS[key]
+    found = []
+    for path in sorted(runs.glob(f"*/notebooks/{name}")):
+        kit = path.parent.parent / "kit.json"
+        if not kit.exists():
+            continue
+        cell = next((c for c in json.loads(path.read_text())["cells"] if c.get("id") == cell_id), None)
+        for out in (cell or {}).get("outputs", []):
+            html = "".join(out.get("data", {}).get("text/html", ""))
+            table = html_table(html) if "<table" in html else None
+            if table is not None and tuple(table.columns) == columns:
+                m = json.loads(kit.read_text())["machine"]
+                found.append(Recorded(key, table, {k: str(m[k]) for k in ("gpu", "date", "torch", "cuda")},
+                                      f"read from the output of cell {cell_id} of the run's executed notebook "
+                                      f"docs/gpu-runs/{path.relative_to(runs).as_posix()}"))
+                break
+    return found
 
 
 # --------------------------------------------------------------------------------------------
 # What each GPU run measured on its own: docs/gpu-runs/<run>/
 # --------------------------------------------------------------------------------------------
-#: the files of a run's record that ``gpu_runs`` reads (make dist's zip ships them)
-RUN_FILES = ("docs/gpu-runs/*/kit.json", "docs/gpu-runs/*/limit.json", "docs/gpu-runs/*/benchmark-large.json",
-             "docs/gpu-runs/*/details/benchmark-large-*.json")
-#: the step ``gpu_runs`` reads from each run's benchmark: seed 000's large U-Net, fp32, batch 2
+#: the files of a run's record that ``gpu_runs`` reads (make dist's zip ships them; not the executed
+#: notebooks ``FROM_OUTPUTS`` reads: their links point into a checkout, so a hosted notebook shows those
+#: figures once a GPU run has recorded them under recorded/)
+RUN_FILES = ("docs/gpu-runs/*/kit.json", "docs/gpu-runs/*/limit.json", "docs/gpu-runs/*/benchmark-*.json",
+             "docs/gpu-runs/*/details/benchmark-*-*.json")
+#: the step ``gpu_runs`` reads from each run's benchmark by default: seed 000's large U-Net, fp32, batch 2
 STEP = ("large", "baseline fp32")
+#: runs whose record disowns every measured row of their benchmark but one: the step that holds, and why
+ONLY_STEP = {"2026-11-24-h100": (STEP, "every row after the first kept a failed attempt's graph allocated "
+                                       "(docs/gpu-runs/2026-11-24-h100.md, 'What did not' 1)")}
 
 
 @dataclass
@@ -233,9 +341,11 @@ class GpuRun:
         return f"{m['gpu']}, {m['date']}, torch {m['torch']}"
 
 
-def _run_parts(folder: Path) -> tuple[dict[str, str], float | None, dict[str, Any] | None] | None:
-    """A run folder's machine, context and large-net step; None if it records neither."""
-    meta, context, step = None, None, None
+def _run_parts(folder: Path, step: tuple[str, str] = STEP
+               ) -> tuple[dict[str, str], float | None, dict[str, Any] | None] | None:
+    """A run folder's machine, context and ``step`` (net, technique: a benchmark row); None if it
+    records neither."""
+    meta, context = None, None
     kit = folder / "kit.json"
     if kit.exists():
         m = json.loads(kit.read_text())["machine"]
@@ -245,37 +355,47 @@ def _run_parts(folder: Path) -> tuple[dict[str, str], float | None, dict[str, An
         data = json.loads(limit.read_text())
         meta = meta or {k: str(data["machine"][k]) for k in ("gpu", "date", "torch", "cuda")}
         context = context if context is not None else data.get("overheads", {}).get("context MiB")
-    for path in sorted([*folder.glob("benchmark-large.json"), *folder.glob("details/benchmark-large-*.json")]):
+    net = step[0]
+    for path in sorted([*folder.glob(f"benchmark-{net}.json"), *folder.glob(f"details/benchmark-{net}-*.json")]):
         data = json.loads(path.read_text())
-        row = next((r for r in data["rows"] if (r.get("net"), r.get("technique")) == STEP
+        rows = [] if folder.name in ONLY_STEP and step != ONLY_STEP[folder.name][0] else data["rows"]
+        row = next((r for r in rows if (r.get("net"), r.get("technique")) == step
                     and r.get("measured peak MiB") is not None), None)
         if row is not None:
             d = data["meta"]
             meta = meta or {"gpu": d["device"], "date": d["date"], "torch": d["torch"], "cuda": str(d["cuda"])}
-            step = {k: row[k] for k in ("predicted peak MiB", "measured peak MiB", "measured reserved MiB",
-                                        "driver used MiB")}
-            step["what"] = f"{STEP[0]} net, {STEP[1]}: {d['model']}"
-    if meta is None or (context is None and step is None):
+            found = {k: row[k] for k in ("predicted peak MiB", "measured peak MiB", "measured reserved MiB",
+                                         "driver used MiB")}
+            found["what"] = f"{net} net, {step[1]}: {d['model']}"
+            return meta, context, found
+    if meta is None or context is None:
         return None
-    return meta, context, step
+    return meta, context, None
 
 
-def gpu_runs(folder: str | Path | None = None) -> list[GpuRun]:
+def gpu_runs(folder: str | Path | None = None, step: tuple[str, str] = STEP) -> list[GpuRun]:
     """Every GPU run recorded under ``folder`` (by default ``docs/gpu-runs/`` beside
     ``recorded_folder()``), oldest first: the folders of one run (one GPU, one day, one torch: the
-    kit resumes a run in several calls) merged into one ``GpuRun``."""
+    kit resumes a run in several calls) merged into one ``GpuRun``, its ``step`` the benchmark's
+    row for ``step`` = (net, technique), e.g. ``("small", "fp16 model (seed 000)")``."""
     folder = Path(folder) if folder else recorded_folder().parent / "docs" / "gpu-runs"
     runs: dict[tuple[str, ...], GpuRun] = {}
     for sub in sorted(p for p in folder.glob("*") if p.is_dir()) if folder.is_dir() else []:
-        parts = _run_parts(sub)
+        parts = _run_parts(sub, step)
         if parts is None:
             continue
-        meta, context, step = parts
+        meta, context, row = parts
         run = runs.setdefault((meta["date"], meta["gpu"], meta["torch"]), GpuRun(meta, None, None, []))
         run.context_mib = run.context_mib if run.context_mib is not None else context
-        run.step = run.step or step
+        run.step = run.step or row
         run.folders.append(sub.name)
     return list(runs.values())
+
+
+def latest_step(net: str, technique: str, folder: str | Path | None = None) -> GpuRun | None:
+    """The newest GPU run whose benchmark measured ``technique`` on seed 000's ``net`` (its
+    ``step``: predicted, allocated, reserved and the driver's MiB), or None."""
+    return next((r for r in reversed(gpu_runs(folder, (net, technique))) if r.step), None)
 
 
 def runs_table(runs: list[GpuRun]):

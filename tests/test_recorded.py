@@ -162,3 +162,81 @@ def test_the_repositorys_gpu_runs_are_read(monkeypatch):
     read = {p for g in recorded.RUN_FILES for p in recorded.ROOT.glob(g)}
     assert {f for r in runs for f in r.folders} <= {p.relative_to(recorded.ROOT / "docs" / "gpu-runs").parts[0]
                                                       for p in read}
+
+
+def _executed_run(runs, name, date, table, cell_id="c27", notebook="04_mixed_precision.ipynb"):
+    """A kit run's folder with its machine (kit.json) and one executed notebook whose cell shows ``table``
+    as Jupyter stores a displayed DataFrame (its HTML repr beside a plain-text one)."""
+    folder = runs / name
+    (folder / "notebooks").mkdir(parents=True)
+    (folder / "kit.json").write_text(json.dumps({"machine": {"gpu": "H200", "date": date, "torch": "2.11.0+cu130",
+                                                             "cuda": "13.0"}}))
+    cell = {"cell_type": "code", "id": cell_id, "source": "measured", "metadata": {}, "outputs": [
+        {"output_type": "stream", "name": "stdout", "text": "a line first\n"},
+        {"output_type": "execute_result", "metadata": {}, "execution_count": 1,
+         "data": {"text/plain": table.to_string(), "text/html": table._repr_html_()}}]}
+    (folder / "notebooks" / notebook).write_text(json.dumps({"cells": [cell], "metadata": {}}))
+    return folder
+
+
+def test_a_figure_measured_before_its_cell_recorded_it_is_read_from_the_executed_notebook(tmp_path, capsys):
+    """Notebook 04's section 7 printed "No GPU run has been recorded" on a CPU while the H200 run's
+    executed notebook showed the cell's very table (its text then displayed it without ``record``):
+    ``lookup`` reads a ``FROM_OUTPUTS`` key from that output, labelled with the run's machine and
+    the file, numbers as numbers; an output with other columns is not the figure."""
+    cols = recorded.FROM_OUTPUTS["04/measured"][2]
+    table = pd.DataFrame([["seed 000 large net", "fp32", 9735.1, 0.0, 8008.0, "measured"],
+                          ["seed 000 large net", "autocast float16", 6791.2, -30.2, 4187.3, "measured"]], columns=cols)
+    runs = tmp_path / "docs" / "gpu-runs"
+    _executed_run(runs, "2026-11-27-h200", "2026-11-27", table)
+    (tmp_path / "recorded").mkdir()
+    rec = recorded.lookup("04/measured", tmp_path / "recorded")
+    pd.testing.assert_frame_equal(rec.value, table, check_dtype=False)
+    assert rec.value["peak MiB"].tolist() == [9735.1, 6791.2]
+    assert "H200, 2026-11-27" in rec.label and "cell c27" in rec.label and "04_mixed_precision.ipynb" in rec.label
+    assert recorded.show("04/measured", folder=tmp_path / "recorded", drop=("method",)) is not None
+    assert "method: measured" in capsys.readouterr().out  # a dropped column is printed below the table
+    # a figure recorded under recorded/ on a later date wins; on the same date too
+    for date in ("2026-11-28", "2026-11-27"):
+        recorded.write({"meta": {"gpu": "H200", "torch": "2.12", "cuda": "13.0", "date": date},
+                        "figures": {"04/measured": {"kind": "json", "data": {"newer": 1}}}}, tmp_path / "recorded" / "H.json")
+        assert recorded.lookup("04/measured", tmp_path / "recorded").value == {"newer": 1}
+    # the same cell id showing another table (the cell's text changed): not the figure
+    other = tmp_path / "other"
+    _executed_run(other / "docs" / "gpu-runs", "run", "2026-11-27", table.drop(columns="method"))
+    (other / "recorded").mkdir()
+    assert recorded.lookup("04/measured", other / "recorded") is None
+    assert recorded.lookup("99/unknown", tmp_path / "recorded") is None
+
+
+def test_the_repositorys_executed_notebooks_give_the_figures_their_cells_did_not_record(monkeypatch):
+    """Notebooks 02 and 04 said "No GPU run has been recorded" on a CPU for two tables the H200 run
+    had measured (02's comparison of the two loggers, 04's seed nets at full size)."""
+    monkeypatch.delenv(recorded.SHOW_ENV_VAR, raising=False)
+    measured = recorded.lookup("04/measured")
+    assert measured.meta["gpu"] == "NVIDIA H200" and measured.meta["date"] == "2026-11-27"
+    peaks = measured.value.set_index(["net", "variant"])["peak MiB"]
+    assert peaks[("seed 000 large net", "fp32")] == 9735.1 and peaks[("seed 000 small net", "fp32")] == 11732.5
+    hooks = recorded.lookup("02/hooks_vs_memtracker").value.iloc[0]
+    assert (hooks["forward rows"], hooks["rows equal"], hooks["largest difference B"]) == (74, 0, 2860032)
+
+
+def test_gpu_runs_read_any_benchmark_step_and_skip_rows_a_run_disowns(tmp_path, monkeypatch):
+    """Notebook 02 shows seed 000's fp16 step on both nets as the H200 run's benchmark measured it.
+    The H100 run's record says that only its benchmark's first row is a figure of its technique
+    (a failed attempt stayed allocated): its fp16 row (9,503 MiB measured for 4,963 predicted) must
+    not be read as one."""
+    runs = _runs(tmp_path)
+    bench = _benchmark("H200")
+    bench["rows"] = [{"net": "small", "technique": "fp16 model (seed 000)", "predicted peak MiB": 5637,
+                      "measured peak MiB": 6049, "measured reserved MiB": 9162, "driver used MiB": 10015}]
+    (runs / "2026-11-27-h200-2" / "details" / "benchmark-small-H200.json").write_text(json.dumps(bench))
+    small = recorded.gpu_runs(runs, ("small", "fp16 model (seed 000)"))
+    assert [r.step and r.step["measured peak MiB"] for r in small] == [None, 6049]
+    assert recorded.latest_step("small", "fp16 model (seed 000)", runs).step["driver used MiB"] == 10015
+    assert recorded.latest_step("small", "autocast fp16", runs) is None
+    monkeypatch.delenv(recorded.SHOW_ENV_VAR, raising=False)
+    fp16 = recorded.gpu_runs(step=("large", "fp16 model (seed 000)"))
+    assert {r.meta["gpu"]: r.step and r.step["measured peak MiB"] for r in fp16} == {
+        "NVIDIA H100 80GB HBM3": None, "NVIDIA H200": 5101}
+    assert recorded.latest_step("small", "fp16 model (seed 000)").step["measured reserved MiB"] == 9162
