@@ -179,14 +179,19 @@ def _seed004_full_resolution() -> tuple[str, str]:
         card = fr.smallest_card(m.peak(batch, side, accumulate))
         return f"{card} GB card" if card is not None else f"no card up to {fr.CARDS_GIB[-1]} GB"
 
+    lo, hi = fr.CHECKED_SIDES
+    sides = [m.largest_side(usable_bytes(16)) for m in (naive, best)]
+    outside = [s for s in sides if not lo <= s <= hi]
+    past = f" ({', '.join(map(str, outside))} lies past the checked {lo}-{hi}: the line extrapolated)" if outside else ""
     return (f"at {side}^2, batch 8: {naive.peak(8, side) / gib:.1f} GiB naive fp32 ({smallest_card(naive, 8)}), "
             f"{best.peak(8, side) / gib:.1f} GiB memory-efficient + checkpoint per block, autocast fp16 "
             f"({smallest_card(best, 8)}); batch 1 + gradient accumulation: "
             f"{naive.peak(1, side, True) / gib:.1f} GiB ({smallest_card(naive, 1, True)}) -> "
             f"{best.peak(1, side, True) / gib:.1f} GiB ({smallest_card(best, 1, True)}); largest side at batch 8 "
-            f"on 16 GB: {naive.largest_side(usable_bytes(16))} -> {best.largest_side(usable_bytes(16))}",
+            f"on 16 GB: {sides[0]} -> {sides[1]}{past}",
             "predicted, DenseNet-169, Adam steady state, CUDA rules, one 2000^2 prediction per technique and "
-            "peak linear in batch x pixels (checked at 512^2, notebook 07); card overheads as the explorer's")
+            f"peak linear in batch x pixels (checked from {lo}^2 to {hi}^2, notebook 12); card overheads as the "
+            "explorer's")
 
 
 def _seed004_data_parallel() -> tuple[str, str]:

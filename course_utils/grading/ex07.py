@@ -132,7 +132,7 @@ def _(got, seed):
         raise CheckFailed(f"{twice} of {len(got['bn_batches'])} BatchNorms counted "
                           f"{max(got['bn_batches'])} batches in one step: the recomputation in backward "
                           "ran them again in training mode and moved their running statistics a second "
-                          "time (notebook 07, section 7): give checkpoint a context_fn that freezes "
+                          "time (notebook 07, section 5): give checkpoint a context_fn that freezes "
                           "them while it recomputes")
     if list(got["bn_batches"]) != list(ref["bn_batches"]):
         raise CheckFailed(f"BatchNorms counted {got['bn_batches']} batches in one step, "
