@@ -394,6 +394,63 @@ def block_side(block: str) -> str:
     return "decoder" if block.startswith("ups") else "encoder"
 
 
+def place(row: dict) -> str:
+    """Where a ``block_table`` row's block sits in the U: its side and output resolution, e.g.
+    ``"decoder 26x150x320"`` -- the key that pairs two nets' blocks (notebooks 01 and 02)."""
+    return f"{row['side']} {row['resolution']}"
+
+
+def places(model: UNet3D, volume: Sequence[int], batch: int = 2,
+           dtype: torch.dtype = torch.float16) -> dict[str, dict]:
+    """``block_table``'s rows keyed by ``place``, in the net's order (the U's path)."""
+    return {place(r): r for r in block_table(model, volume, batch, dtype)}
+
+
+def u_order(where: str) -> tuple[int, int]:
+    """A sort key for places: the encoder by falling resolution (full resolution first, down to
+    the bottom), then the decoder by rising resolution, then the output conv."""
+    side, res = where.split()
+    voxels = math.prod(int(v) for v in res.split("x"))
+    return {"encoder": 0, "decoder": 1, "output": 2}[side], -voxels if side == "encoder" else voxels
+
+
+def side_by_side(nets: dict[str, dict[str, dict]], *keys: str):
+    """One row per place in the U (every net's places, in the U's order), per net (``{name:
+    places(...)}``) the given ``block_table`` keys, columns ``"<net> <key>"``; ``"-"`` where a net
+    has no block at that place. A DataFrame (pandas)."""
+    import pandas as pd
+
+    rows = sorted({w for p in nets.values() for w in p}, key=u_order)
+    return pd.DataFrame.from_dict({w: {f"{v} {k}": p[w][k] if w in p else "-" for v, p in nets.items() for k in keys}
+                                   for w in rows}, orient="index")
+
+
+def output_summary(nets: dict[str, dict[str, dict]]):
+    """Per net (``{name: places(...)}``): its blocks' outputs added up (MiB), its largest block
+    output (bytes), where that block sits and its channels. A DataFrame (pandas), one row a net."""
+    import pandas as pd
+
+    rows = {}
+    for v, p in nets.items():
+        top = max(p.values(), key=lambda r: r["output bytes"])
+        rows[v] = {"block outputs MiB": sum(r["output bytes"] for r in p.values()) / 2**20,
+                   "largest output B": top["output bytes"], "largest at": place(top), "its channels": top["channels"]}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def place_of(model: UNet3D, volume: Sequence[int]) -> Callable[[str], str]:
+    """A key function for a log's module names: the ``place`` of the block a module belongs to
+    (``"ups.2.conv.double_conv.0"`` -> ``"decoder 26x150x320"`` in the small seed net); the model
+    itself (``""``) has none: ``"model"``."""
+    res = {r["block"]: place(r) for r in block_table(model, volume, batch=1)}
+
+    def key(name: str) -> str:
+        parts = name.split(".")
+        block = ".".join(parts[:2]) if parts[0] in ("downs", "ups") else parts[0]
+        return res.get(block, "model")
+    return key
+
+
 def draw_u(model: UNet3D, volume: Sequence[int]) -> str:
     """The U of ``model`` as text, computed from the net: one line per resolution, the encoder's
     block on the left (channels in -> out), the skip connection, the decoder's ``Up`` on the right

@@ -12,6 +12,7 @@ from course_utils import (
     setup, train,
 )
 from course_utils.config import SEED000_VOLUME, resolve_device
+from course_utils import unet
 from course_utils.unet import block_table, draw_u, level_shapes
 from course_utils.config import resolve_preset
 from course_utils.train import training_step
@@ -95,6 +96,27 @@ def test_blocks_pair_by_place_not_by_name():
     assert place["large"]["outc"] == "output 26x150x320" and place["large"]["inc"] == "encoder 26x150x320"
     assert set(place["small"].values()) < set(place["large"].values())  # small's places: a subset
     assert len(set(place["large"].values())) == len(place["large"])     # one block per place
+
+
+def test_the_place_helpers_pair_both_nets_and_key_a_logs_modules():
+    """Notebooks 01 and 02 pair the seed nets by place with ``unet``'s helpers (they were cell code
+    written twice, with two keys: 02 put ``outc`` on the decoder side, 01 on the output side)."""
+    nets = {v: unet.places(seed000_unet(v), SEED000_VOLUME) for v in ("large", "small")}
+    table = unet.side_by_side(nets, "block", "parameters")
+    assert list(table.columns) == ["large block", "large parameters", "small block", "small parameters"]
+    assert list(table.index) == list(nets["large"])  # the large net's own order: the U's path
+    assert table.loc["decoder 26x150x320"].tolist() == ["ups.3", 332160, "ups.2", 442752]
+    assert table.loc["encoder 1x9x20", "small block"] == "-" and table.loc["decoder 3x18x40", "small parameters"] == "-"
+    summary = unet.output_summary(nets)
+    assert summary["largest output B"].tolist() == [2 * 64 * 26 * 150 * 320 * 2] * 2
+    assert summary.loc["large", "largest at"] == "encoder 26x150x320" and summary["its channels"].tolist() == [64, 64]
+    assert 1.0 < summary.loc["small", "block outputs MiB"] / summary.loc["large", "block outputs MiB"] < 1.1
+    key = unet.place_of(seed000_unet("small"), SEED000_VOLUME)
+    assert [key(m) for m in ("inc.double_conv.0", "downs.0.maxpool_conv.1.double_conv.3", "ups.2.conv.double_conv.0",
+                             "outc.conv", "")] == ["encoder 26x150x320", "encoder 13x75x160", "decoder 26x150x320",
+                                                   "output 26x150x320", "model"]
+    shuffled = sorted(nets["large"], key=lambda w: w[::-1])
+    assert sorted(shuffled, key=unet.u_order) == list(nets["large"])
 
 
 def test_draw_u_is_computed_from_the_net():
