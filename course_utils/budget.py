@@ -8,7 +8,9 @@ card needs more, and this module is the one place that says how much:
   ``overheads()`` reads the context measured on a GPU when a run was recorded (``recorded``),
   else assumes it, and says which in ``Overheads.source``; ``seed000_overheads()`` is the context
   seed 000's own numbers imply (~1.1 GiB), the alternative a learner compares with; ``contexts()``
-  names all three (assumed, measured where recorded, seed 000's).
+  names them all (assumed, measured where recorded, the highest a run measured, seed 000's).
+* ``context_readings`` -- every CUDA context a GPU run of the course measured in one process
+  (``docs/gpu-runs/``): the context grows during a run, as CUDA loads the kernels it uses.
 * ``usable_bytes(card_gib)`` -- the largest predicted peak a card holds under ``overheads()``.
 * ``cublas_workspaces`` -- the cuBLAS workspaces a step with matrix products keeps (PyTorch's
   documented default per card, or ``CUBLAS_WORKSPACE_CONFIG``): ``fit`` adds them as a line of
@@ -21,12 +23,14 @@ card needs more, and this module is the one place that says how much:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from .memory import MiB
-from .recorded import lookup
+from .recorded import lookup, recorded_folder
 
 
 @dataclass(frozen=True)
@@ -93,15 +97,78 @@ def overheads() -> Overheads:
 def contexts() -> dict[str, Overheads]:
     """The CUDA contexts a budget can rest on, each with the same slack, by name: ``"assumed"``
     (``ASSUMED_CONTEXT_MIB``, what ``overheads()`` uses where no GPU run is recorded),
-    ``"measured"`` (a recorded GPU run's, what ``overheads()`` uses then; absent without one) and
-    ``"seed 000"`` (what seed 000's own numbers imply, ``seed000_overheads``). Notebook 10 sets
-    the largest batch under each beside the one it uses."""
+    ``"measured"`` (a recorded GPU run's, what ``overheads()`` uses then; absent without one),
+    ``"measured, highest"`` (the highest of ``context_readings()``, where it is above the
+    measured one: the context grows during a run) and ``"seed 000"`` (what seed 000's own numbers
+    imply, ``seed000_overheads``). Notebook 10 sets the largest batch under each beside the one
+    it uses."""
     out = {"assumed": _assumed("assumed (the course's default where no GPU run is recorded)")}
     measured = measured_overheads()
     if measured is not None:
         out["measured"] = measured
+        high = max(context_readings(), key=lambda r: r.mib, default=None)
+        if high is not None and high.mib > measured.context_mib + 1:
+            out["measured, highest"] = Overheads(
+                high.mib, ASSUMED_SLACK, f"the highest context a GPU run measured: {high.mib:.0f} MiB on "
+                f"{high.run}, {high.when}; {_slack_source()}")
     out["seed 000"] = seed000_overheads()
     return out
+
+
+@dataclass(frozen=True)
+class ContextReading:
+    """One CUDA context a GPU run measured (``benchmark.cuda_context_bytes``: the driver's used
+    memory minus the allocator's reserved memory, after a convolution), in one process."""
+
+    mib: float
+    run: str  # "NVIDIA H200, 2026-11-27, torch 2.11.0+cu130"
+    when: str  # the moment of the run
+
+
+#: how a benchmark's meta states the context its cap left out ("... measured context (773 MiB) ...")
+_BENCHMARK_CONTEXT = re.compile(r"measured context \((\d+(?:\.\d+)?) MiB\)")
+
+
+def benchmark_context_mib(meta: dict) -> float | None:
+    """The CUDA context a benchmark's run measured and capped its allocator below (its meta's
+    ``measured`` text), or None where it does not say (a dry run)."""
+    found = _BENCHMARK_CONTEXT.search(str(meta.get("measured", "")))
+    return float(found.group(1)) if found else None
+
+
+def _run_label(m: dict) -> str:
+    return f"{m.get('gpu') or m.get('device')}, {m['date']}, torch {m['torch']}"
+
+
+def context_readings(runs_folder: str | Path | None = None) -> list[ContextReading]:
+    """Every CUDA context the GPU runs recorded under ``runs_folder`` (default: ``docs/gpu-runs/``
+    beside ``recorded_folder()``) measured, each once, lowest first: at a kit's start
+    (``kit.json``; the first run's ``limit.json``), and before each benchmark (its meta: after the
+    tasks before it, in the same process). Each is one process's. Under lazy module loading (the
+    default: PyTorch sets ``CUDA_MODULE_LOADING=LAZY`` since 1.13, CUDA since 12.2 on Linux) the
+    context grows as the process loads the kernels its steps use. Readings taken in a notebook
+    kernel beside the kit's own process (notebook 00's table) count both and are left out."""
+    folder = Path(runs_folder) if runs_folder else recorded_folder().parent / "docs" / "gpu-runs"
+    found: dict[tuple, ContextReading] = {}
+
+    def add(mib: float | None, meta: dict, when: str) -> None:
+        if mib is not None:
+            r = ContextReading(round(float(mib), 1), _run_label(meta), when)
+            found.setdefault((round(r.mib), r.run, r.when), r)
+
+    start = "at the kit's start, after a first convolution"
+    for path in sorted(folder.glob("*/kit.json")):
+        m = json.loads(path.read_text())["machine"]
+        add(m.get("context MiB"), m, start)
+    for path in sorted(folder.glob("*/limit.json")):
+        data = json.loads(path.read_text())
+        add(data.get("overheads", {}).get("context MiB"), data["machine"],
+            "in the kit's limit step, after a first convolution")
+    for path in sorted([*folder.glob("*/benchmark-*.json"), *folder.glob("*/details/benchmark-*.json")]):
+        meta = json.loads(path.read_text())["meta"]
+        net = path.stem.split("-")[1]
+        add(benchmark_context_mib(meta), meta, f"before the benchmark of the {net} net")
+    return sorted(found.values(), key=lambda r: r.mib)
 
 
 #: Seed 000's own figures (shared/seeds/unet3d_memory_question.txt): nvidia-smi showed "around

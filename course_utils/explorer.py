@@ -34,7 +34,9 @@ controls with a stacked bar. How it stays fast enough to move a slider, and what
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,7 +44,7 @@ import torch.utils._python_dispatch
 
 from . import session_cache
 from .amp_rules import autocast_rules
-from .budget import Overheads, contexts, ddp_bucket_bytes, overheads
+from .budget import Overheads, benchmark_context_mib, contexts, ddp_bucket_bytes, overheads
 from .checkpointing import save_convolutions, step_flops
 from .cost import (
     CARDS,
@@ -57,6 +59,7 @@ from .cost import (
 )
 from .inplace_abn import inplace_abn
 from .memory import GiB, MiB, default_dtype, predict_step, prime_optimizer
+from .recorded import recorded_folder
 from .train import training_step
 from .unet import SEED000_VARIANTS, UNet3D, bn_relu, bn_relu_inplace, default_channels
 
@@ -406,6 +409,72 @@ def margin_table(cfg: Config, assumptions: dict[str, Overheads] | None = None, c
     if columns == "all":
         return df
     return df[[c.format(gib=cfg.budget_gib, batch=cfg.batch) for c in MARGIN_COLUMNS]]
+
+
+# --------------------------------------------------------------------------------------------
+# What a GPU measured: the benchmark's recorded rows beside today's predictions
+# --------------------------------------------------------------------------------------------
+@dataclass
+class RecordedBenchmark:
+    """The newest benchmark of one of seed 000's nets recorded by a GPU run (``docs/gpu-runs/``):
+    its ``meta`` (device, date, torch), the CUDA context its cap left out (``context_mib``: each
+    largest batch was measured under an allocator cap of the card less it) and its ``rows``."""
+
+    meta: dict[str, Any]
+    context_mib: float | None
+    rows: list[dict[str, Any]]
+
+    @property
+    def label(self) -> str:
+        m = self.meta
+        return f"{m['device']}, {m['date']}, torch {m['torch']}"
+
+
+def recorded_benchmark(net: str = "large", runs_folder=None) -> RecordedBenchmark | None:
+    """The newest (by date) benchmark of ``net`` with measured rows among the GPU runs' records
+    (``runs_folder``: default ``docs/gpu-runs/`` beside ``recorded.recorded_folder()``, which the
+    learner's zip ships), or None."""
+    folder = Path(runs_folder) if runs_folder else recorded_folder().parent / "docs" / "gpu-runs"
+    found = []
+    for path in sorted([*folder.glob(f"*/benchmark-{net}.json"), *folder.glob(f"*/details/benchmark-{net}-*.json")]):
+        data = json.loads(path.read_text())
+        rows = [r for r in data["rows"] if r.get("measured peak MiB") is not None]
+        if rows:
+            found.append(RecordedBenchmark(data["meta"], benchmark_context_mib(data["meta"]), rows))
+    return max(found, key=lambda b: b.meta["date"], default=None)
+
+
+def benchmark_table(rec: RecordedBenchmark, configs: dict[str, Config], progress: bool = False):
+    """What ``rec``'s GPU measured beside today's prediction, one row per technique of ``configs``
+    (the benchmark's names -> Configs: ``benchmark.configs``) that ``rec`` holds: the largest batch
+    in the card predicted under the context the GPU's cap left out (and the course's slack) and the
+    one measured under that cap; the batch-2 peak predicted (``probe``) and measured
+    (``max_memory_allocated``), and measured / predicted. A pandas DataFrame indexed by
+    ``Config.describe()``. ``progress=True``: a tqdm bar (a configuration not predicted yet costs a
+    fake-tensor step)."""
+    import pandas as pd
+
+    rows_in = rec.rows
+    if progress:
+        from tqdm.auto import tqdm
+
+        rows_in = tqdm(rows_in, desc="recorded rows", unit="row")
+    over = overheads()
+    over = replace(over, context_mib=rec.context_mib, source=f"the context the GPU's cap left out ({rec.label})") \
+        if rec.context_mib is not None else over
+    rows = {}
+    for r in rows_in:
+        cfg = configs.get(r["technique"])
+        if cfg is None:
+            continue
+        peak = probe(cfg)["peak"]  # the step predicted at the batch the benchmark measured (2)
+        budget = f"in {cfg.budget_gib} GiB"
+        rows[cfg.describe()] = {f"largest batch {budget}, predicted": estimate(cfg, over).largest_batch,
+                                f"largest batch {budget}, measured": r[f"largest batch {budget} (measured)"],
+                                "batch-2 peak predicted MiB": round(peak / MiB),
+                                "batch-2 peak measured MiB": r["measured peak MiB"],
+                                "measured / predicted": round(r["measured peak MiB"] * MiB / peak, 2)}
+    return pd.DataFrame.from_dict(rows, orient="index")
 
 
 #: the checkpointing choices of notebooks 07 and 10's first table (finer ones: ``CHECKPOINTING``)

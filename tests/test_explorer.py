@@ -522,3 +522,86 @@ def test_margin_table_under_each_named_context():
     for name, over in contexts.items():
         assert short.loc[name].to_dict() == {k: v for k, v in ex.margin(WINNER, over).items() if k in short.columns}
     assert list(ex.margin_table(WINNER, contexts, columns="all").columns) == list(ex.margin(WINNER, ASSUMED))
+
+
+def _write(path, data):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+
+
+def _bench_meta(date, context):
+    measured = (f"... largest batch under an allocator cap of 8 GiB - measured context ({context} MiB); ..."
+                if context is not None else "not measured: no CUDA GPU")
+    return {"device": "Some GPU", "date": date, "torch": "2.x", "cuda": "13.0", "measured": measured}
+
+
+def test_context_readings_are_each_run_process_reading_once_lowest_first(tmp_path):
+    """Notebook 10 states the measured context as the lowest of the runs' readings and shows the
+    range (the context grows during a run): every reading of kit.json, limit.json and the
+    benchmarks' meta, a resumed run's repeated kit.json counted once, a dry run's none."""
+    runs = tmp_path / "gpu-runs"
+    machine = {"gpu": "Some GPU", "date": "2026-01-02", "torch": "2.x", "cuda": "13.0", "context MiB": 628.8}
+    for sub in ("run", "run-2"):  # the kit resumes a run: each call writes the machine it started with
+        _write(runs / sub / "kit.json", {"machine": machine})
+    _write(runs / "old" / "limit.json", {"machine": {**machine, "date": "2026-01-01"}, "overheads": {"context MiB": 600.0}})
+    _write(runs / "run" / "details" / "benchmark-large-Some_GPU.json", {"meta": _bench_meta("2026-01-02", 773), "rows": []})
+    _write(runs / "run" / "details" / "benchmark-small-Some_GPU.json", {"meta": _bench_meta("2026-01-02", 853), "rows": []})
+    _write(runs / "dry" / "benchmark-large.json", {"meta": _bench_meta("2026-01-03", None), "rows": []})
+    got = budget.context_readings(runs)
+    assert [r.mib for r in got] == [600.0, 628.8, 773.0, 853.0]
+    assert got[1].run == "Some GPU, 2026-01-02, torch 2.x" and got[1].when.startswith("at the kit's start")
+    assert got[3].when == "before the benchmark of the small net"
+    assert budget.benchmark_context_mib(_bench_meta("x", None)) is None
+    assert budget.context_readings(tmp_path / "none") == []
+
+
+def test_contexts_add_the_highest_reading_where_it_is_above_the_measured(monkeypatch, tmp_path):
+    """Takeaway 1 of notebook 10: the largest batch under every context a run measured, the
+    highest too; no such row where the runs measured nothing above the context used."""
+    from course_utils import recorded
+
+    monkeypatch.setenv(recorded.SHOW_ENV_VAR, str(tmp_path / "recorded"))
+    figures = {"00/cuda_context": {"kind": "json", "data": {"context_MiB": 628.8, "method": "test"}}}
+    _write(tmp_path / "recorded" / "GPU.json", {"meta": {"gpu": "Some GPU", "torch": "2.x", "cuda": "13.0",
+                                                         "date": "2026-01-02"}, "figures": figures})
+    machine = {"gpu": "Some GPU", "date": "2026-01-02", "torch": "2.x", "cuda": "13.0", "context MiB": 628.8}
+    _write(tmp_path / "docs" / "gpu-runs" / "run" / "kit.json", {"machine": machine})
+    assert list(budget.contexts()) == ["assumed", "measured", "seed 000"]
+    _write(tmp_path / "docs" / "gpu-runs" / "run" / "details" / "benchmark-small-X.json",
+           {"meta": _bench_meta("2026-01-02", 853), "rows": []})
+    found = budget.contexts()
+    assert list(found) == ["assumed", "measured", "measured, highest", "seed 000"]
+    assert found["measured, highest"].context_mib == 853 and found["measured, highest"].slack == budget.ASSUMED_SLACK
+    assert "before the benchmark of the small net" in found["measured, highest"].source
+
+
+def test_the_course_runs_measured_629_to_853_mib():
+    """Notebook 10's first cell: the context it uses (629 MiB) is the lowest reading of the
+    course's GPU runs, and the runs measured up to 853 MiB later in a run."""
+    got = budget.context_readings()
+    assert round(got[0].mib) == round(budget.overheads().context_mib) == 629 and round(got[-1].mib) == 853
+
+
+def test_recorded_benchmark_is_the_newest_measured_and_the_table_predicts_under_its_context(tmp_path):
+    """Notebook 10, section 3: a GPU's largest batch was measured under a cap of the card less its
+    own context, so the prediction beside it is made under that context; an unmeasured (dry) run
+    and an older run are not read."""
+    runs = tmp_path / "gpu-runs"
+    row = {"technique": "tiny", "measured peak MiB": 123, "largest batch in 1 GiB (measured)": 5}
+    _write(runs / "old" / "benchmark-large.json", {"meta": _bench_meta("2026-01-01", 629), "rows": [row]})
+    _write(runs / "new" / "details" / "benchmark-large-X.json", {"meta": _bench_meta("2026-01-02", 700), "rows": [row]})
+    _write(runs / "dry" / "benchmark-large.json", {"meta": _bench_meta("2026-01-03", None),
+                                                   "rows": [{**row, "measured peak MiB": None}]})
+    rec = ex.recorded_benchmark("large", runs)
+    assert (rec.meta["date"], rec.context_mib, rec.label) == ("2026-01-02", 700, "Some GPU, 2026-01-02, torch 2.x")
+    assert ex.recorded_benchmark("small", runs) is None
+    cfg = replace(SMALL, budget_gib=1)
+    t = ex.benchmark_table(rec, {"tiny": cfg, "not recorded": SMALL})
+    assert list(t.index) == [cfg.describe()]
+    under = replace(budget.overheads(), context_mib=700)
+    peak = ex.probe(cfg)["peak"]
+    assert t.iloc[0].to_dict() == {
+        "largest batch in 1 GiB, predicted": estimate(cfg, under).largest_batch,
+        "largest batch in 1 GiB, measured": 5, "batch-2 peak predicted MiB": round(peak / MiB),
+        "batch-2 peak measured MiB": 123, "measured / predicted": round(123 * MiB / peak, 2)}
+    assert estimate(cfg, under).largest_batch != estimate(replace(cfg), replace(under, context_mib=0)).largest_batch
