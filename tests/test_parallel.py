@@ -294,6 +294,52 @@ def test_fsdp_backward_moments_match_fsdpmemtracker(runs):
         assert any(m["All Gather"] for m in measured)
 
 
+def test_fsdp_moments_table_sets_each_computed_moment_beside_its_measurement(runs):
+    """Notebook 08's table of FSDP2's end-of-backward moments (``moments_table``): one row per unit,
+    named, its computed parts adding up to ``fsdp_backward_moments``' total, the measurement
+    beside it."""
+    from course_utils.parallel import fsdp_unit_names, moments_table
+
+    net = build_net({"norm": "gn"})
+    measured = runs["fsdp"][0]["backward_moments"]
+    table = moments_table(net, measured, 2)
+    computed = fsdp_backward_moments(net, fsdp_units(net), 2)
+    assert list(table["unit"]) == fsdp_unit_names(net) == ["inc", "downs.0", "downs.1", "ups.0", "ups.1"]
+    assert list(table["computed KiB"] * 1024) == [c["total"] for c in computed]
+    assert list(table["measured KiB"] * 1024) == [sum(v for k, v in m.items() if k != "unit") for m in measured]
+
+
+def test_fsdp_timeline_reaches_fsdp_rank_memorys_figures_seed000():
+    """Notebook 08's time line of one FSDP2 rank: at rest, each unit's forward, each unit's end of
+    backward in backward order; its largest forward and overall moments are ``fsdp_rank_memory``'s
+    ``forward`` and ``working``, and the worst is a backward's end."""
+    from course_utils.parallel import fsdp_timeline, fsdp_unit_names
+
+    with torch.device("meta"):
+        net = seed000_unet("large")
+    m = fsdp_rank_memory(net, fsdp_units(net), world=8)
+    timeline = fsdp_timeline(net, 8)
+    names = fsdp_unit_names(net)
+    assert [label for label, _ in timeline] == ["at rest", *[f"F {n}" for n in names], *[f"B {n}" for n in reversed(names)]]
+    totals = {label: sum(parts.values()) for label, parts in timeline}
+    assert totals["at rest"] == m["resting"]
+    assert max(v for k, v in totals.items() if k.startswith("F ")) == pytest.approx(m["forward"])
+    assert max(totals.values()) == pytest.approx(m["working"]) and max(totals, key=totals.get).startswith("B ")
+
+
+def test_a_ranks_saved_bytes_are_its_share_of_the_whole_batchs(runs):
+    """Notebook 08's "each rank saves about half of what one process saves for all 4": the same
+    meter on one process (``whole_batch_saved_bytes``) grows with the batch, and a rank of 2
+    measures half of it plus its slice's view of the whole batch (input and target)."""
+    from course_utils.parallel import global_batch, whole_batch_saved_bytes
+
+    whole, half = whole_batch_saved_bytes({"norm": "gn"}), whole_batch_saved_bytes({"norm": "gn", "global_batch": 2})
+    assert 1.95 < whole / half < 2.0
+    x, y = global_batch({})
+    views = (x.nbytes + y.nbytes) // 2  # the half of the whole batch's storage a rank's slice does not own
+    assert runs["gn"][0]["saved_bytes"] == half + views
+
+
 def test_ddp_buckets_are_a_copy_of_the_gradients_unless_views(runs):
     """Notebook 08's text rests on this: DDP's gradient buckets, measured."""
     default, views = runs["gn"][0], runs["gn_bucket_view"][0]

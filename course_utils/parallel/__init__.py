@@ -32,12 +32,13 @@ Where things are (every name below is also importable from ``course_utils.parall
   ``_Output``, ``_dump_stacks``, ``_stop``, ``_diagnose``);
 * ``data_parallel`` -- ``ddp_worker``, ``CrossReplicaBatchNorm3d``, ``norm_worker``, the demos'
   net and batch (``build_net``, ``NORMS``, ``global_batch``), ``single_process_grads``,
-  ``accumulated_grads``, ``per_replica_bn_errors``, ``relative_error``;
+  ``accumulated_grads``, ``per_replica_bn_errors``, ``relative_error``, ``whole_batch_saved_bytes``;
 * ``tolerance``     -- ``reference_grads`` (float64 reference, fp32's error against it),
   ``ranks_order_grads`` (fp32 in the ranks' own arithmetic), ``tf32_errors``, ``tf32_branches``,
   ``branch_margin``;
-* ``fsdp``          -- ``fsdp_worker``, ``fsdp_units``, ``fsdp_rank_memory``,
-  ``fsdp_backward_moments``, ``BACKWARD_PREFETCH``;
+* ``fsdp``          -- ``fsdp_worker``, ``fsdp_units``, ``fsdp_unit_names``, ``fsdp_rank_memory``,
+  ``fsdp_backward_moments``, ``BACKWARD_PREFETCH``, ``moments_table`` and ``fsdp_timeline`` (notebook 08's
+  table and time line);
 * ``pipeline``      -- ``EncoderStage``, ``DecoderStage``, ``TwoStageUNet``,
   ``split_and_reference``, ``schedule_order``, ``replay_schedule``, ``gpipe_idle``, ``bubble_table``,
   ``stage_durations``, ``OpTimer``,
@@ -65,8 +66,18 @@ from .data_parallel import (
     relu_only,
     single_process_grads,
     state_bytes,
+    whole_batch_saved_bytes,
 )
-from .fsdp import BACKWARD_PREFETCH, fsdp_backward_moments, fsdp_rank_memory, fsdp_units, fsdp_worker
+from .fsdp import (
+    BACKWARD_PREFETCH,
+    fsdp_backward_moments,
+    fsdp_rank_memory,
+    fsdp_timeline,
+    fsdp_unit_names,
+    fsdp_units,
+    fsdp_worker,
+    moments_table,
+)
 from .launcher import (
     COLLECTIVE_TIMEOUT_S,
     LaunchError,
@@ -109,8 +120,9 @@ __all__ = [
     "train_worker",
     "NORMS", "CrossReplicaBatchNorm3d", "accumulated_grads", "build_net", "cross_replica_bn_relu",
     "ddp_worker", "global_batch", "gn_relu", "norm_worker", "per_replica_bn_errors", "relative_error",
-    "relu_only", "single_process_grads", "state_bytes",
-    "BACKWARD_PREFETCH", "fsdp_backward_moments", "fsdp_rank_memory", "fsdp_units", "fsdp_worker",
+    "relu_only", "single_process_grads", "state_bytes", "whole_batch_saved_bytes",
+    "BACKWARD_PREFETCH", "fsdp_backward_moments", "fsdp_rank_memory", "fsdp_timeline", "fsdp_unit_names",
+    "fsdp_units", "fsdp_worker", "moments_table",
     "COLLECTIVE_TIMEOUT_S", "LaunchError", "LaunchTimeout", "backend_for", "compared",
     "launch", "launch_many", "leave_without_teardown", "rendezvous_store",
     "SCHEDULES", "bubble_table", "DecoderStage", "EncoderStage", "OpTimer", "TwoStageUNet", "bubble_fraction", "gpipe_idle",

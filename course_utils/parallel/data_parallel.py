@@ -147,6 +147,16 @@ def single_process_grads(config: dict, device: torch.device | str = "cpu") -> li
     return [p.grad.detach().cpu().clone() for p in net.parameters()]
 
 
+def whole_batch_saved_bytes(config: dict) -> int:
+    """What one process saves for backward on the whole global batch (``SavedTensorMeter``'s
+    peak, the parameters left out): the figure a DDP rank's ``saved_bytes`` is a share of."""
+    net = build_net(config)
+    x, y = global_batch(config)
+    with SavedTensorMeter(net.parameters()) as meter:
+        nn.functional.cross_entropy(net(x), y)
+    return meter.peak
+
+
 def accumulated_grads(config: dict, micro_batches: int, use: int | None = None) -> list[torch.Tensor]:
     """Gradient accumulation on one device: the global batch in ``micro_batches`` pieces, each
     loss divided by their number, one optimizer step's worth of gradients. With BatchNorm this is

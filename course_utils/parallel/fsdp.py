@@ -121,6 +121,49 @@ def fsdp_rank_memory(net: nn.Module, units: Sequence[nn.Module], world: int,
             "forward": forward}
 
 
+def fsdp_unit_names(net: UNet3D) -> list[str]:
+    """The names of ``fsdp_units(net)``, in forward order: ``inc``, ``downs.0`` ..., ``ups.0`` ..."""
+    return ["inc", *[f"downs.{i}" for i in range(len(net.downs))], *[f"ups.{i}" for i in range(len(net.ups))]]
+
+
+def moments_table(net: UNet3D, measured: Sequence[dict], world: int):
+    """Per unit, in forward order: what a rank holds at the end of the unit's backward (KiB),
+    computed (``fsdp_backward_moments``: the unit's parameters and gradient, the prefetched
+    unit, the previous reduce-scatter's input, their total) beside ``measured``, the
+    ``backward_moments`` ``fsdp_worker`` returned (``FSDPMemTracker``'s categories, summed). A
+    pandas DataFrame."""
+    import pandas as pd
+
+    names = fsdp_unit_names(net)
+    return pd.DataFrame([{"unit": names[c["unit"]], "its params + grads KiB": (c["gathered params"] + c["unsharded grads"]) / 1024,
+                          "prefetched KiB": c["prefetched params"] / 1024,
+                          "previous reduce-scatter KiB": c["reduce-scatter input"] / 1024,
+                          "computed KiB": c["total"] / 1024, "measured KiB": sum(m[k] for k in m if k != "unit") / 1024}
+                         for c, m in zip(fsdp_backward_moments(net, fsdp_units(net), world), measured, strict=True)])
+
+
+def fsdp_timeline(net: UNet3D, world: int) -> list[tuple[str, dict[str, float]]]:
+    """One rank's bytes besides activations through a steady-state FSDP2 step with Adam, fp32,
+    computed from the units' sizes (not measured): ``("at rest", parts)``, then one moment per
+    unit while it runs forward (``"F <unit>"``: its gathered parameters and the root's, beside
+    the flat all-gather buffer FSDP2 keeps until the next unit's all-gather), then one per unit at
+    the end of its backward, in backward order (``"B <unit>"``: ``fsdp_backward_moments``).
+    ``parts`` maps a kind of tensor to bytes; the moments' totals are ``fsdp_rank_memory``'s
+    figures (its ``forward`` and ``working``). For ``parallel_plots.plot_memory_timeline``."""
+    units, names = fsdp_units(net), fsdp_unit_names(net)
+    rank = fsdp_rank_memory(net, units, world)
+    sizes = [4 * _n_params(u) for u in units]
+    root = 4 * _n_params(net) - sum(sizes)
+    shards = {"params": rank["rest params"], "optimizer": rank["rest optimizer"]}
+    forward = [(f"F {name}", {**shards, "gathered params": s + root, "all-gather buffer": max(s, sizes[k - 1] if k else 0)})
+               for k, (name, s) in enumerate(zip(names, sizes, strict=True))]
+    backward = [(f"B {names[m['unit']]}", {**shards, "params": m["sharded params"], "grads": m["reduced grads"],
+                 "gathered params": m["gathered params"], "prefetched params": m["prefetched params"],
+                 "unsharded grads": m["unsharded grads"] + m["reduce-scatter input"]})
+                for m in reversed(fsdp_backward_moments(net, units, world))]
+    return [("at rest", {**shards, "grads": rank["rest grads"]}), *forward, *backward]
+
+
 #: FSDPMemTracker's categories of parameter and gradient bytes (``_FSDPRefType`` values); the
 #: prefetched unit is in "All Gather" (its flat all-gather output, copied out when its own
 #: backward starts)
