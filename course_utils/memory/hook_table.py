@@ -347,6 +347,17 @@ class MemoryLog(MemTracker):
                 out[r.module] = out.get(r.module, 0) + r.saved - begin
         return out
 
+    def saved_by(self, key: Callable[[str], str] | None = None):
+        """``per_module_saved``'s bytes added up per ``key(module name)`` -- by default the
+        module's layer type (``Conv3d``, ``ReLU``...); ``unet.place_of`` groups them by place in
+        the U. A pandas Series, sorted by key."""
+        import pandas as pd
+
+        if key is None:
+            key = {r.module: r.layer_type for r in self.rows}.get
+        per_module = pd.Series(self.per_module_saved(), dtype="int64")
+        return per_module.groupby(per_module.index.map(key)).sum()
+
     def plot(self, ax=None, title: str | None = None):
         """Timeline: tracked live bytes and saved bytes (and CUDA allocated/reserved) per event."""
         import matplotlib.pyplot as plt
