@@ -415,3 +415,33 @@ def aten_dtypes(fn, *shapes, dtypes=None, device: str = "cuda",
         with _traced_autocast(device, autocast_dtype), record:
             fn(*tensors)
     return record.rows
+
+
+#: where ``loss_bytes_per_logit`` computes the cross-entropy: no autocast, on the fp16 logits inside
+#: autocast (PyTorch's AMP examples, ``train.training_step``), or outside it on ``logits.float()``
+LOSS_PLACES = ("fp32", "inside", "outside")
+
+
+def loss_bytes_per_logit(where: str, logits_shape: tuple[int, ...] = (2, 5, 8, 16, 16)) -> float:
+    """Float bytes ``F.cross_entropy`` keeps for backward per logit, under CUDA's autocast rules
+    (``cuda_autocast_rules`` on CPU tensors): the logit-sized floating tensors its graph saves,
+    each storage once, the labels left out. ``where``: one of ``LOSS_PLACES`` (4.0, 6.0 and 4.0:
+    fp32 log-probabilities once; inside autocast an fp16 log-softmax output and its fp32 copy for
+    the NLL; outside, on ``.float()``, fp32 once)."""
+    if where not in LOSS_PLACES:
+        raise ValueError(f"where={where!r}: use one of {LOSS_PLACES}")
+    x = torch.randn(logits_shape, requires_grad=True)
+    y = torch.zeros((logits_shape[0], *logits_shape[2:]), dtype=torch.long)
+    kept: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t.detach()) or t.detach(), lambda t: t):
+        if where == "fp32":
+            torch.nn.functional.cross_entropy(x, y)
+        else:
+            with cuda_autocast_rules(), torch.autocast("cpu", dtype=torch.float16):
+                out = x.half()  # under autocast the net's last convolution returns fp16
+                if where == "inside":
+                    torch.nn.functional.cross_entropy(out, y)
+            if where == "outside":
+                torch.nn.functional.cross_entropy(out.float(), y)
+    floats = {t.data_ptr(): t for t in kept if t.is_floating_point() and t.numel() == x.numel()}
+    return sum(t.nbytes for t in floats.values()) / x.numel()

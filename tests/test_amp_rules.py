@@ -363,3 +363,14 @@ def test_aten_dtypes_refuses_bad_arguments():
         amp_rules.aten_dtypes(F.relu, (2,), device="mps")
     with pytest.raises(ValueError, match="dtypes"):
         amp_rules.aten_dtypes(F.relu, (2,), (3,), dtypes=(torch.float32,))
+
+
+def test_loss_bytes_per_logit_inside_and_outside_autocast():
+    """Notebook 04 (section 6) and exercise 04's recipe rest on these: the loss inside autocast keeps
+    an fp16 log-softmax output and its fp32 copy (6 bytes a logit), on ``out.float()`` outside it
+    one fp32 tensor (4), as in fp32; CPU autocast's own rules are restored after."""
+    assert [amp_rules.loss_bytes_per_logit(w) for w in amp_rules.LOSS_PLACES] == [4.0, 6.0, 4.0]
+    assert amp_rules.loss_bytes_per_logit("inside", (1, 3, 4, 4)) == 6.0  # 2D logits too
+    assert "cross_entropy_loss" in amp_rules.registered("AutocastCPU")
+    with pytest.raises(ValueError, match="use one of"):
+        amp_rules.loss_bytes_per_logit("under")
