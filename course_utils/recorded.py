@@ -18,7 +18,10 @@ recorded with -- or, when no GPU run has been recorded yet, says so in one line.
 ``gpu_runs`` reads what each GPU run of the kit measured on its own, from its record under
 ``docs/gpu-runs/`` (the first run, on an H100, predates ``recorded/``): the CUDA context at the
 run's start and seed 000's large U-Net's step (allocated, reserved, the driver's used memory);
-``show_runs`` prints them as a table, with the method and its limits.
+``show_runs`` prints them as a table, with the method and its limits; ``latest_step`` gives any
+other step of a run's benchmark (a technique on either seed net). A figure a run measured in a
+notebook cell before that cell recorded it is read from the run's executed notebook
+(``FROM_OUTPUTS``), labelled as such.
 
 Installed from its wheel (a hosted notebook), ``course_utils`` has no checkout beside it: the
 course's zip, unpacked where the notebooks' first cell looks for it (``PLACES``, as in
