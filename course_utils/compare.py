@@ -103,6 +103,18 @@ def technique_table(
     return df[COLUMNS]
 
 
+def relative_to(table, base: str, label: str | None = None):
+    """``table`` (a ``technique_table``) indexed by variant, with two columns more: its saved bytes
+    and its peak in % against the ``base`` row's, named ``saved vs <label> %`` and ``peak vs
+    <label> %`` (``label`` defaults to ``base``). Unlike the table's "vs baseline" columns, the
+    reference row need not be the first one."""
+    label = base if label is None else label
+    t = table.set_index("variant")
+    for col, what in (("saved MiB", "saved"), ("peak MiB", "peak")):
+        t[f"{what} vs {label} %"] = (100 * (t[col] / t.loc[base, col] - 1)).round(1)
+    return t
+
+
 PART_COLORS = {"params MiB": "#4c72b0", "gradients MiB": "#55a868", "optimizer MiB": "#c44e52",
                "activations at peak MiB": "#8172b2", "temporaries MiB": "#ccb974"}
 

@@ -1,10 +1,11 @@
 """technique_table and step_time: one training step per variant, named methods, the baseline."""
 
+import pandas as pd
 import pytest
 import torch
 
 from course_utils import UNet3D
-from course_utils.compare import COLUMNS, PARTS, step_time, technique_table
+from course_utils.compare import COLUMNS, PARTS, relative_to, step_time, technique_table
 
 
 def test_table_rows_parts_and_baseline():
@@ -61,3 +62,12 @@ def test_a_cuda_row_that_runs_out_of_memory_is_reported_not_fatal(monkeypatch):
     t = technique_table(builds, (2, 1, 8, 8, 8), device="cuda")
     assert t["peak MiB"].tolist()[0] == 1.0
     assert t["method"].iloc[1].startswith("out of memory on this 8 GiB GPU")
+
+
+def test_relative_to_compares_with_the_named_row_not_the_first():
+    t = pd.DataFrame({"variant": ["a", "b", "c"], "peak MiB": [30.0, 20.0, 10.0], "saved MiB": [8.0, 4.0, 2.0]})
+    r = relative_to(t, "b", "B")
+    assert list(r.index) == ["a", "b", "c"]
+    assert r["saved vs B %"].tolist() == [100.0, 0.0, -50.0]
+    assert r["peak vs B %"].tolist() == [50.0, 0.0, -50.0]
+    assert "peak vs b %" in relative_to(t, "b").columns and "variant" in t.columns   # the input is left as it was
