@@ -65,8 +65,9 @@ Limits
 ------
 A fake-tensor step cannot see the CUDA context, cuDNN workspaces or fragmentation (the
 ``Overheads``), nor NCCL's buffers; it follows CUDA's autocast op lists, but the attention kernel
-it picks is the CPU's. Adam's and AdamW's step counts (one scalar per parameter) are counted in
-device memory, where foreach keeps them on the host: 512 bytes per parameter tensor too many.
+it picks is the CPU's. Adam's and AdamW's step counts (one scalar per parameter tensor) are counted
+in device memory, where PyTorch keeps them on the host unless the optimizer is fused or capturable
+(``torch/optim/adam.py``): 512 bytes per parameter tensor too many.
 In ``mode="forward"`` the rows are a train-mode forward and its loss (``checkpoint-blocks``,
 ``selective`` and ``offload`` change what it keeps); in ``mode="inference"`` the techniques that
 change what is kept for backward, and the parallel ones, do not apply. Models whose forward

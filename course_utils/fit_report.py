@@ -22,8 +22,6 @@ BASELINE = "none (fp32)"
 #: a note longer than this is cut at a "; " in ``table`` and given in full as a footnote (pandas'
 #: default ``display.max_colwidth`` is 50: a note the table shows is never cut by the display)
 NOTE_WIDTH = 50
-#: the bar categories (MemTracker's) and the names ``FitReport.breakdown`` gives them
-_RENAME = {"Temp": "Temporary"}
 GiB = 2**30
 
 
@@ -44,11 +42,6 @@ class Row:
     gpus: int = 1  # ddp-N / fsdp-N: N (time is then the wall time of a step on N GPUs)
     after_forward: int = 0  # bytes allocated when the model's forward returns
     peak_location: tuple[str, str] = ("", "")  # (module, phase) of the peak; one-GPU rows only
-
-
-def main_parts(b: dict[str, int]) -> dict[str, int]:
-    """A MemTracker breakdown with the names the report uses ("Temp" -> "Temporary")."""
-    return {_RENAME.get(k, k): v for k, v in b.items()}
 
 
 def peak_where(prediction) -> tuple[str, str]:
@@ -85,8 +78,10 @@ class FitReport:
     @property
     def breakdown(self) -> dict[str, int]:
         """The plain step's peak by category (bytes): Parameter, Buffer, Gradient, Optstate,
-        Activation, Temporary, Other (the input and target), Total."""
-        return main_parts(self.prediction.breakdown)
+        Activation, Temp (made in backward: the gradients of activations, backward's scratch), Other
+        (the input and target), Total: MemTracker's names, as every breakdown of the course (and
+        exercise 11) uses them."""
+        return dict(self.prediction.breakdown)
 
     @property
     def allocated_after_forward(self) -> int:
@@ -217,7 +212,7 @@ class FitReport:
             "rows": [{"technique": r.technique, "peak_bytes": r.peak, "card_needs_bytes": r.card_needs,
                       "fits": r.fits, "largest_batch": r.largest_batch, "largest_batch_verified": r.verified,
                       "time_x_baseline": None if math.isnan(self._ratio(r)) else self._ratio(r),
-                      "gpus": r.gpus, "note": r.note, "breakdown_bytes": main_parts(r.breakdown),
+                      "gpus": r.gpus, "note": r.note, "breakdown_bytes": dict(r.breakdown),
                       "peak_location": dict(zip(("module", "phase"), r.peak_location, strict=True)),
                       "allocated_after_forward_bytes": r.after_forward} for r in self.rows],
             "not_applicable": dict(self.skipped),

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils import fit, fit_model, fit_report
+from course_utils import budget, fit, fit_model, fit_report
 from course_utils.fit_examples import (
     BasicBlock,
     block_saved_by_hand,
@@ -99,7 +99,37 @@ def test_saved_bytes_by_module_match_a_hand_count(conv_rep):
     assert {k: v for k, v in got.items() if v} == want
     assert conv_rep.parameters == conv1d_params()
     assert conv_rep.peak_phase in ("forward", "backward") and conv_rep.peak_module.startswith("3")
-    assert set(conv_rep.breakdown) >= {"Parameter", "Gradient", "Optstate", "Activation", "Temporary", "Total"}
+    assert set(conv_rep.breakdown) >= {"Parameter", "Gradient", "Optstate", "Activation", "Temp", "Total"}
+
+
+def test_exercise_11_budget_cell_reads_the_breakdown_by_its_names_and_one_card_model(conv_rep, capsys):
+    """Exercise 11's budget cell hands ``FitReport.breakdown`` to the learner's functions: its keys
+    are the ones the exercise lists and grades with (``Temp``; the report once renamed it
+    ``Temporary``, and a learner who summed ``Activation + Temp + Other`` passed the graded part
+    and then got a KeyError there). ``fit`` takes cuBLAS's workspaces off the card and the
+    learner's card model has no such line: the cell passes them as context, so the learner's
+    line gives the same largest batch as ``fit``'s line (it once differed by the workspaces)."""
+    from course_utils.grading import ex11
+
+    graded_keys = set(ex11.breakdown_cases(0)[0][0])
+    assert set(conv_rep.breakdown) == graded_keys and conv_rep.overheads.workspace_bytes > 0
+
+    def split(b, batch):
+        fixed = b["Parameter"] + b["Buffer"] + b["Gradient"] + b["Optstate"]
+        return fixed, -(-(b["Activation"] + b["Temp"] + b["Other"]) // batch)
+
+    def largest(fixed, per_sample, card_gib, context_mib, slack):
+        return max(0, int(((card_gib * 2**30 - context_mib * 2**20) / (1 + slack) - fixed) // per_sample))
+
+    def cheapest(options, card_gib, context_mib, slack):
+        fits = [o for o in options if o[1] * (1 + slack) + context_mib * 2**20 <= card_gib * 2**30]
+        return min(fits, key=lambda o: (o[2], o[1]))[0] if fits else None
+
+    got = ex11.budget_answers(conv_rep, split, largest, cheapest)
+    line = budget.batch_model(conv_rep.prediction, CONV_INPUT[0])
+    assert got["largest batch"] == line.largest_batch(conv_rep.usable)
+    assert got["fastest that fits"] == got["fit's fastest that fits"]
+    assert "cuBLAS workspaces" in capsys.readouterr().out
 
 
 def test_resnet18_hand_count_matches_the_prediction_module_by_module():

@@ -188,20 +188,27 @@ def check_choice(cheapest_fit, verbose: bool = True):
 
 def budget_answers(report, fixed_and_per_sample, largest_batch, cheapest_fit) -> dict[str, Any]:
     """The exercise's budget question answered with the learner's three functions on ``report``
-    (a ``fit.FitReport``), printed beside ``fit``'s own answers (not graded: the parts are)."""
+    (a ``fit.FitReport``), printed beside ``fit``'s own answers (not graded: the parts are).
+    ``report.breakdown`` has the keys the exercise names (MemTracker's: ``Temp``, not a longer
+    name). ``fit`` also takes cuBLAS's workspaces off the card (``Overheads.workspace_bytes``);
+    the learner's card model has no such line, so they are passed in as part of the context:
+    (card - context - workspaces) / (1 + slack) is then one card model for both."""
     over, batch = report.overheads, report.input_shape[0]
+    context = over.context_mib + over.workspace_bytes / MIB  # fit's cuBLAS workspaces, counted as context
     fixed, per_sample = fixed_and_per_sample(dict(report.breakdown), batch)
-    yours = largest_batch(fixed, per_sample, report.card_gib, over.context_mib, over.slack)
+    yours = largest_batch(fixed, per_sample, report.card_gib, context, over.slack)
     base = report.rows[0].seconds
     one_gpu = [r for r in report.rows if r.gpus == 1]
     choice = cheapest_fit([(r.technique, r.peak, r.seconds / base) for r in one_gpu], report.card_gib,
-                          over.context_mib, over.slack)
+                          context, over.slack)
     fitting = [r for r in one_gpu if r.fits]
     theirs = min(fitting, key=lambda r: (r.seconds, r.peak)).technique if fitting else None
     print(f"{report.name} at batch {batch} on a {report.card_gib:g} GiB card "
           f"(context {over.context_mib:.0f} MiB, slack {over.slack:.0%}: {over.source.split(':')[0]})")
+    if over.workspace_bytes:
+        print(f"  your functions get context_mib = {context:.1f}: the context and fit's {report.workspace}")
     print(f"  largest batch of the plain fp32 step: yours {yours}, fit's {report.rows[0].largest_batch} "
           "(fit's is verified by predictions at that batch and the next)")
     print(f"  fastest technique that trains batch {batch} on one GPU: yours {choice}, fit's {theirs}")
     return {"largest batch": yours, "fastest that fits": choice, "fit's largest batch": report.rows[0].largest_batch,
-            "fit's fastest that fits": theirs}
+            "fit's fastest that fits": theirs, "context_mib passed": context}
