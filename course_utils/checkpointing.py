@@ -14,9 +14,10 @@ PyTorch's ``torch.utils.checkpoint`` does the work; this module adds what a cour
 * ``offload_saved`` -- activation offload: ``torch.autograd.graph.save_on_cpu(pin_memory=True)``
   on a GPU; under ``FakeTensorMode`` a simulation that removes each saved tensor from the device
   (what the predictor needs); nothing on a real CPU (the activations already live in host memory).
-* ``step_flops`` / ``recompute_fraction`` / ``cost_estimate`` -- what a configuration costs in
-  time, on a CPU: recomputed FLOPs counted by ``FlopCounterMode`` under ``FakeTensorMode`` and the
-  bytes offload moves, converted to seconds at stated, assumed throughputs (an *estimate*).
+* ``step_flops`` / ``recompute_fraction`` / ``step_counts`` / ``cost_estimate`` -- what a
+  configuration costs in time, on a CPU: recomputed FLOPs counted by ``FlopCounterMode`` under
+  ``FakeTensorMode``, the element-wise bytes, and the bytes offload moves (every save, as
+  ``save_on_cpu`` copies it), converted to seconds at stated, assumed throughputs (an *estimate*).
 * ``time_steps`` -- step times measured properly: warm-up, repetitions, variants interleaved,
   medians and the spread between repetitions (the noise) reported with them.
 """
@@ -24,9 +25,11 @@ PyTorch's ``torch.utils.checkpoint`` does the work; this module adds what a cour
 from __future__ import annotations
 
 import contextlib
+import json
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -38,7 +41,11 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
+from .amp_rules import autocast_rules
+from .cost import ElementwiseBytes, SaveOnCpuMeter
 from .memory import default_dtype, predict_step, target_spec
+from .recorded import ONLY_STEP, recorded_folder
+from .train import training_step
 
 _CONV_OPS = {torch.ops.aten.convolution.default, torch.ops.aten.cudnn_convolution.default}
 
@@ -307,9 +314,53 @@ def recompute_fraction(build_plain: Callable[[], nn.Module], build_checkpointed:
 
 #: Assumed throughputs for the time *estimates* (not measurements; change them for your GPU):
 #: sustained dense fp16 tensor-core throughput of a mid-range GPU on convolutions, and PCIe
-#: 4.0 x16 host<->device bandwidth per direction with pinned memory.
+#: 4.0 x16 host<->device bandwidth per direction with pinned memory. The element-wise bytes are
+#: left out (infinite bandwidth) unless ``memory_bytes_per_s`` is given.
 ASSUMED_GPU_FLOPS = 50e12
 ASSUMED_PCIE_BYTES_PER_S = 25e9
+
+
+@dataclass
+class StepCounts:
+    """What one training step does, counted under ``FakeTensorMode`` (``step_counts``)."""
+
+    flops: int  # FlopCounterMode: convolutions and matrix products, recomputation included
+    elementwise_bytes: int  # cost.ElementwiseBytes: what the other ops read and write
+    offloaded_bytes: int  # cost.SaveOnCpuMeter: every save of the forward, as save_on_cpu copies it
+
+
+def step_counts(build: Callable[[], nn.Module], input_shape: Sequence[int], *, n_classes: int = 5,
+                dtype: torch.dtype = torch.float32, autocast_dtype: torch.dtype | None = None) -> StepCounts:
+    """One forward + backward of ``build()`` (no optimizer) on fake tensors, with CUDA's autocast
+    rules when ``autocast_dtype`` is given, counting three things at once: the FLOPs
+    (``FlopCounterMode``), the bytes of every other op (``cost.ElementwiseBytes``) and what
+    ``torch.autograd.graph.save_on_cpu`` would copy to the host if it wrapped the model's forward
+    (``cost.SaveOnCpuMeter``). save_on_cpu's ``pack_to_cpu`` copies **every** save into a new host
+    tensor: a tensor two ops save is copied twice, and parameters are copied too -- unlike
+    ``SavedTensorMeter``'s deduplicated ``saved_peak``. The model's own offload is suspended while
+    counting (``offload_suspended``): the meter counts what it would move."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+
+    classify, target_shape, loss_fn = target_spec(tuple(input_shape), None, None, None)
+    meter, traffic = SaveOnCpuMeter(), ElementwiseBytes()
+    with offload_suspended(), default_dtype(dtype), FakeTensorMode(), \
+            autocast_rules("cuda" if autocast_dtype else None):
+        model = build()
+        x = torch.randn(tuple(input_shape))
+        target = torch.randint(0, n_classes, target_shape)
+        forward = model.forward
+
+        def offloaded_forward(*args):  # where UNet3D runs save_on_cpu: around its forward
+            with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
+                return forward(*args)
+
+        model.forward = offloaded_forward
+        with FlopCounterMode(display=False) as flops, traffic:
+            training_step(model, x, target, None, loss_fn=loss_fn, autocast_dtype=autocast_dtype)
+        del model, x, target
+    return StepCounts(int(flops.get_total_flops()), traffic.total, meter.total)
 
 
 @dataclass
@@ -317,15 +368,20 @@ class CostEstimate:
     """The extra time a memory-saving configuration costs per step, estimated on a CPU."""
 
     recomputed_flops: int
-    offloaded_bytes: int  # saved-for-backward bytes copied to the host (and back)
+    offloaded_bytes: int  # what save_on_cpu copies to the host (and back): every save, once each
     gpu_flops: float = ASSUMED_GPU_FLOPS
     pcie_bytes_per_s: float = ASSUMED_PCIE_BYTES_PER_S
-    method: str = ("estimate: FLOPs counted by FlopCounterMode under FakeTensorMode, bytes "
-                   "predicted; seconds at assumed throughputs")
+    elementwise_bytes: int = 0  # extra bytes the element-wise ops read and write (recomputed BN, ReLU...)
+    memory_bytes_per_s: float = float("inf")  # device memory bandwidth (inf: element-wise work not counted)
+    method: str = ("estimate: FLOPs counted by FlopCounterMode and element-wise bytes by "
+                   "cost.ElementwiseBytes under FakeTensorMode, offloaded bytes as save_on_cpu copies "
+                   "them (cost.SaveOnCpuMeter); seconds at assumed spec-sheet rates, not overlapped")
 
     @property
     def recompute_s(self) -> float:
-        return self.recomputed_flops / self.gpu_flops
+        """Recomputed convolutions at ``gpu_flops`` plus the extra element-wise bytes at
+        ``memory_bytes_per_s``."""
+        return self.recomputed_flops / self.gpu_flops + max(self.elementwise_bytes, 0) / self.memory_bytes_per_s
 
     @property
     def transfer_s(self) -> float:
@@ -341,23 +397,20 @@ class CostEstimate:
 def cost_estimate(build_plain: Callable[[], nn.Module], build: Callable[[], nn.Module],
                   input_shape: Sequence[int], *, offload: bool = False,
                   dtype: torch.dtype = torch.float32, n_classes: int = 5,
-                  autocast_dtype: torch.dtype | None = None, plain_flops: int | None = None,
+                  autocast_dtype: torch.dtype | None = None, plain: StepCounts | None = None,
                   **assumed) -> CostEstimate:
-    """Estimated extra seconds per step of ``build`` over ``build_plain``: recomputed FLOPs
-    (``step_flops``) at ``ASSUMED_GPU_FLOPS``, plus, with ``offload``, the predicted
-    saved-for-backward bytes of ``build`` moved twice over PCIe at ``ASSUMED_PCIE_BYTES_PER_S``.
-    Keyword ``gpu_flops`` / ``pcie_bytes_per_s`` override the assumptions; ``plain_flops``
-    (``step_flops(build_plain, ...)``) saves recounting the plain step for every variant."""
-    if plain_flops is None:
-        plain_flops = step_flops(build_plain, input_shape, dtype=dtype, n_classes=n_classes)
-    extra = step_flops(build, input_shape, dtype=dtype, n_classes=n_classes) - plain_flops
-    moved = 0
-    if offload:  # what the step saves for backward when nothing is offloaded: what offload moves
-        with offload_suspended():
-            moved = predict_step(build, input_shape, n_classes=n_classes, dtype=dtype,
-                                 optimizer=None, autocast_dtype=autocast_dtype,
-                                 module_peaks=False).saved_peak
-    return CostEstimate(recomputed_flops=max(extra, 0), offloaded_bytes=moved, **assumed)
+    """Estimated extra seconds per step of ``build`` over ``build_plain`` (``step_counts`` of
+    both, the same precision): the recomputed FLOPs at ``gpu_flops`` (default
+    ``ASSUMED_GPU_FLOPS``), the extra element-wise bytes at ``memory_bytes_per_s`` (default: not
+    counted), and, with ``offload``, every save of ``build``'s forward copied to the host and back
+    over PCIe at ``pcie_bytes_per_s`` (default ``ASSUMED_PCIE_BYTES_PER_S``). ``plain``
+    (``step_counts(build_plain, ...)``) saves recounting the plain step for every variant."""
+    kw = dict(dtype=dtype, n_classes=n_classes, autocast_dtype=autocast_dtype)
+    plain = plain or step_counts(build_plain, input_shape, **kw)
+    mine = step_counts(build, input_shape, **kw)
+    return CostEstimate(recomputed_flops=max(mine.flops - plain.flops, 0),
+                        offloaded_bytes=mine.offloaded_bytes if offload else 0,
+                        elementwise_bytes=mine.elementwise_bytes - plain.elementwise_bytes, **assumed)
 
 
 # --------------------------------------------------------------------------------------------
@@ -487,7 +540,7 @@ def hand_count(n: int, s: int) -> float:
 
 
 def sqrt_sweep(ns: Sequence[int] = (4, 8, 16, 32, 64), width: int = 4,
-               shape: Sequence[int] = (1, 1, 8, 16, 16)):
+               shape: Sequence[int] = (1, 1, 8, 16, 16), progress: bool = False):
     """For each depth n: the predicted peak of the plain stack and of the best segment count
     among the divisors s of n within a factor 2 of sqrt(2n) (``SegmentedStack``, BN-safe), in
     units of one layer's output ``a``. Returns a DataFrame and ``a`` in bytes.
@@ -495,7 +548,8 @@ def sqrt_sweep(ns: Sequence[int] = (4, 8, 16, 32, 64), width: int = 4,
     Two columns say why the best peak's fit ``k sqrt(n) + c`` has a larger ``k`` than Chen et
     al.'s continuous optimum 2 sqrt(2): ``hand count / a``, ``min (s - 1) + 2 n / s`` over the same
     candidate s (``hand_count``: s must divide n), and ``parameters + buffers / a`` at the best
-    peak, which grow linearly with n whatever the segment count."""
+    peak, which grow linearly with n whatever the segment count. ``progress=True``: a tqdm bar
+    over the depths."""
     import math
 
     import pandas as pd
@@ -506,6 +560,10 @@ def sqrt_sweep(ns: Sequence[int] = (4, 8, 16, 32, 64), width: int = 4,
         return predict_step(lambda: SegmentedStack(deep_stack(n, width), s), tuple(shape),
                             n_classes=5, optimizer=None, module_peaks=False)
 
+    if progress:
+        from tqdm.auto import tqdm  # lazy: only a notebook asks for a bar
+
+        ns = tqdm(ns, desc="sqrt(n) sweep (predicted)", unit="depth")
     rows = []
     for n in ns:
         root = math.sqrt(2 * n)
@@ -556,3 +614,47 @@ def phase_peaks(prediction) -> dict[str, int]:
     fwd = max((r.tracked for r in rows[:first_bwd]), default=0)
     bwd = max((r.tracked for r in rows[first_bwd:]), default=0)
     return {"forward": fwd, "backward": bwd, "peak": prediction.peak}
+
+
+# --------------------------------------------------------------------------------------------
+# What the GPU runs recorded: the benchmark of seed 000's U-Net (docs/gpu-runs/)
+# --------------------------------------------------------------------------------------------
+#: the benchmark's techniques notebook 07 reads: its baseline and the options notebook 07 teaches
+RECORDED_TECHNIQUES = ("baseline fp32", "checkpointing", "selective checkpointing", "In-Place ABN",
+                       "offload to host", "autocast fp16 + lean Up + In-Place ABN + offload")
+
+
+def recorded_benchmarks(net: str = "large", techniques: Sequence[str] | None = RECORDED_TECHNIQUES, folder=None):
+    """Every GPU run's benchmark of seed 000's ``net`` (``docs/gpu-runs/*/benchmark-<net>.json`` and
+    ``*/details/benchmark-<net>-*.json``, beside ``recorded.recorded_folder()``), one row per run
+    and technique: the run (GPU, date, torch), the measured step time (median of the benchmark's
+    repetitions) and its change against the run's ``baseline fp32`` row, the counted GFLOP and
+    their change, and the batch-2 peak predicted and measured (``max_memory_allocated``) with
+    measured / predicted (``techniques=None``: every technique recorded). A run whose record disowns its measured memory (``recorded.ONLY_STEP``:
+    a failed attempt's graph stayed allocated) keeps its times and loses its measured peaks. A
+    pandas DataFrame; empty if no run is recorded."""
+    import pandas as pd
+
+    root = Path(folder) if folder else recorded_folder().parent / "docs" / "gpu-runs"
+    rows = []
+    for path in sorted([*root.glob(f"*/benchmark-{net}.json"), *root.glob(f"*/details/benchmark-{net}-*.json")]):
+        data = json.loads(path.read_text())
+        run = path.parent.parent.name if path.parent.name == "details" else path.parent.name
+        meta = data["meta"]
+        by_technique = {r["technique"]: r for r in data["rows"] if r.get("net") == net}
+        base = by_technique.get("baseline fp32")
+        if base is None or base.get("step s") is None:
+            continue
+        for t in by_technique if techniques is None else techniques:
+            r = by_technique.get(t)
+            if r is None or r.get("step s") is None:
+                continue
+            measured = None if run in ONLY_STEP else r.get("measured peak MiB")
+            rows.append({"run": f"{meta['device']}, {meta['date']}, torch {meta['torch']}", "technique": t,
+                         "step s": r["step s"], "vs baseline %": round(100 * (r["step s"] / base["step s"] - 1), 1),
+                         "GFLOP": r["GFLOP per step"],
+                         "GFLOP vs baseline %": round(100 * (r["GFLOP per step"] / base["GFLOP per step"] - 1), 1),
+                         "predicted peak MiB": r["predicted peak MiB"], "measured peak MiB": measured,
+                         "measured / predicted": None if measured is None
+                         else round(measured / r["predicted peak MiB"], 3)})
+    return pd.DataFrame(rows)
