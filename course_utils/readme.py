@@ -39,6 +39,7 @@ from .compare import technique_table
 from .config import SEED000_VOLUME
 from .gpu_kit.plan import plan_table
 from .inplace_abn import bn_leaky_relu_inplace, inplace_abn
+from .benchmark import configs as benchmark_configs
 from .limit_test import input_bytes, run_limit_test
 from .memory import GiB, largest_that_fits, predict_step
 from .parallel import per_replica_bn_errors
@@ -48,6 +49,8 @@ from .unet import SEED000_CHECKPOINT_HEADLINE, bn_relu, bn_relu_inplace, predict
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ROOT / "results" / "figures.json"
 TIMINGS = ROOT / "results" / "timings.json"
+#: what README promises: every notebook at the tiny preset within this many seconds on an idle 2-core machine
+NOTEBOOK_LIMIT_S = 120
 README = ROOT / "README.md"
 TEACHING = ROOT / "docs" / "teaching.md"
 BENCHMARK_DOC = ROOT / "docs" / "benchmark.md"
@@ -231,9 +234,23 @@ def _capstone() -> tuple[str, str]:
             f"({assumed['margin % of card']:.1f} % of the card) under a {assumed['context MiB']:,} MiB context, "
             f"{seed[f'largest batch in {top.budget_gib} GiB']} under the {seed['context MiB']:,} MiB seed 000 "
             f"implies; estimated {explorer.step_cost(replace(top, batch=8)).seconds:.2f} s per step at batch 8 on an "
-            f"{cost.DEFAULT_CARD} vs {explorer.step_cost(replace(best, batch=8)).seconds:.2f} s)",
+            f"{cost.DEFAULT_CARD} vs {explorer.step_cost(replace(best, batch=8)).seconds:.2f} s){_measured_on_gpu(top)}",
             f"predicted for an 8 GiB card (context + slack included: {budget.overheads().source.split(':')[0]}); "
             "time estimated from spec-sheet rates (notebook 10)")
+
+
+def _measured_on_gpu(cfg) -> str:
+    """What the newest recorded GPU benchmark measured for ``cfg``'s technique on the large net: its
+    largest batch in the card, with the GPU, date and torch; "" where no run measured it."""
+    from dataclasses import replace
+
+    rec = explorer.recorded_benchmark("large")
+    names = {name for name, c in benchmark_configs("large").items() if replace(c, batch=cfg.batch) == cfg}
+    row = next((r for r in (rec.rows if rec else []) if r["technique"] in names), None)
+    if row is None:
+        return ""
+    return (f"; measured on {rec.label}: largest batch {row[f'largest batch in {cfg.budget_gib} GiB (measured)']}, "
+            f"batch-2 peak {row['measured peak MiB']:,} MiB")
 
 
 HEADLINES: list[tuple[str, str, str, Callable[[], tuple[str, str]], bool]] = [
