@@ -19,7 +19,7 @@ from course_utils.grading.grade import Options, grade_many, summary
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION = ROOT / "solutions" / "00_gpu_memory_basics.ipynb"
-EXERCISE = ROOT / "exercises" / "00_gpu_memory_basics.ipynb"
+EXERCISE = ROOT / "exercises" / "00_gpu_memory_basics_exercise.ipynb"
 CHECKS_FILE = ROOT / "course_utils" / "grading" / "ex00.py"
 HAS_LANDLOCK = limits.landlock_abi() > 0
 
@@ -375,8 +375,8 @@ def test_detached_process_is_killed_before_the_row_is_written(open_class, marker
 
 
 # -- graded objects must be the learner's own (exercise 01 and 07, in the sandbox) ----------------
-EX01 = ROOT / "exercises" / "01_build_3d_unet.ipynb"
-EX07 = ROOT / "exercises" / "07_checkpointing.ipynb"
+EX01 = ROOT / "exercises" / "01_build_3d_unet_exercise.ipynb"
+EX07 = ROOT / "exercises" / "07_checkpointing_exercise.ipynb"
 IMPORTED = "from course_utils.unet import DoubleConv, Up"
 SUBCLASSED = """
 import course_utils.unet as cu_unet
