@@ -10,7 +10,7 @@ A notebook ``NN`` of the course is made of (``course_utils/templates/`` holds th
 
 * ``notebooks/NN_topic.ipynb``      -- the lesson
 * ``solutions/NN_topic.ipynb``      -- its exercise with the answers (nbgrader solution and test cells)
-* ``exercises/NN_topic.ipynb``      -- generated from the solution (``python -m course_utils.grading.generate``)
+* ``exercises/NN_topic_exercise.ipynb`` -- generated from the solution (``python -m course_utils.grading.generate``)
 * ``course_utils/grading/exNN.py``  -- the exercise's parts and checks (``EX``, ``check_*``)
 * ``tests/wrong_answers/exNN.py``   -- typical wrong answers, each must fail its part
 * a row in README.md's table "The notebooks" and in docs/teaching.md's table "Exercises"
@@ -35,6 +35,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .layout import EXERCISE_SUFFIX, exercise_name, lesson_stem
 from .markdown import links
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,7 +63,7 @@ class Entry:
 
     @property
     def exercise(self) -> str:
-        return f"exercises/{self.stem}.ipynb"
+        return f"exercises/{exercise_name(self.stem)}"
 
     @property
     def grading(self) -> str:
@@ -125,9 +126,11 @@ def check_files(root: Path = ROOT) -> list[str]:
                 out.append(f"{path} is missing (notebook {e.notebook} has none): {fix}")
     for folder, what in (("solutions", "solution"), ("exercises", "exercise")):
         for p in sorted((root / folder).glob("[0-9][0-9]_*.ipynb")):
-            if p.stem not in stems:
-                out.append(f"{folder}/{p.name} has no notebook notebooks/{p.name}: rename the {what} as its "
-                           "notebook, or remove it")
+            named = exercise_name(p) if folder == "exercises" else f"{lesson_stem(p)}.ipynb"
+            if lesson_stem(p) not in stems or p.name != named:
+                out.append(f"{folder}/{p.name} has no notebook notebooks/{lesson_stem(p)}.ipynb: name the {what} "
+                           f"after its notebook ({folder}/NN_topic{EXERCISE_SUFFIX if folder == 'exercises' else ''}"
+                           ".ipynb), or remove it")
     known = {e.nn for e in course}
     for folder, pattern in (("course_utils/grading", "ex[0-9][0-9].py"), ("tests/wrong_answers", "ex[0-9][0-9].py")):
         for p in sorted((root / folder).glob(pattern)):

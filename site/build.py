@@ -41,6 +41,8 @@ import sys
 import time
 from pathlib import Path
 
+from course_utils.layout import exercise_name, lesson_stem
+
 ROOT = Path(__file__).resolve().parent.parent
 SITE = ROOT / "site"
 BUILD = ROOT / "build"
@@ -509,7 +511,7 @@ def notebook_page(nb, stem: str, stems: list[str], exercises: set[str], info: di
              "(course_utils.setup() printed no device line)")
     links = []
     if stem in exercises:
-        links.append(f"[Exercise {stem[:2]}](../exercises/{stem}.ipynb)")
+        links.append(f"[Exercise {stem[:2]}](../exercises/{exercise_name(stem)})")
     if i + 1 < len(stems):
         links.append(f"[Next: {stems[i + 1]}]({stems[i + 1]}.ipynb)")
     links.append(f"[Open in JupyterLab](../{JUPYTERLAB_PAGE})")
@@ -527,7 +529,7 @@ def notebook_page(nb, stem: str, stems: list[str], exercises: set[str], info: di
     insert_after_title(nb, md_cell(banner, "banner"))
     foot = ["---", "", "**Where next**", ""]
     if stem in exercises:
-        foot.append(f"- Exercise: [exercises/{stem}](../exercises/{stem}.ipynb) "
+        foot.append(f"- Exercise: [exercises/{exercise_name(stem)}](../exercises/{exercise_name(stem)}) "
                     "(grades itself when you run it in JupyterLab)")
     if i + 1 < len(stems):
         foot.append(f"- Next notebook: [{stems[i + 1]}]({stems[i + 1]}.ipynb)")
@@ -549,7 +551,8 @@ def exercise_page(nb, stem: str, notebooks: set[str], pages: set[str]) -> None:
             c.execution_count = None
         if c.cell_type == "markdown":
             c.source = fix_links(c.source, Path("exercises"), pages)
-    back = f"[notebook {stem}](../notebooks/{stem}.ipynb)" if stem in notebooks else "its notebook"
+    lesson = lesson_stem(stem)
+    back = f"[notebook {lesson}](../notebooks/{lesson}.ipynb)" if lesson in notebooks else "its notebook"
     insert_after_title(nb, md_cell(
         ":::{admonition} An exercise to run, not to read\n:class: course-banner\n"
         f"This page shows the exercise that goes with {back}, not executed: its stubs raise "
@@ -649,7 +652,7 @@ def assemble(preset: str, fresh: bool, timeout: int, jobs: int = 2, only: set[st
         n_widgets = render_widgets(nb)
         gpu = gpu_outputs(nb)
         recorded_use[p.stem] = gpu
-        notebook_page(nb, p.stem, stems, set(ex_stems), info, seconds, pages, gpu=gpu, times=times)
+        notebook_page(nb, p.stem, stems, {lesson_stem(s) for s in ex_stems}, info, seconds, pages, gpu=gpu, times=times)
         nbformat.write(nb, SRC / "notebooks" / p.name)
         report.append(f"  {p.stem:32s} {seconds:6.1f} s{' (cached)' if hit else ''}"
                       f"{f', {n_widgets} widget(s) rendered static' if n_widgets else ''}"

@@ -58,7 +58,7 @@ def test_a_missing_solution_module_or_wrong_answers_file_is_named_with_its_fix(c
                for p in found), found
     assert any(p.startswith("course_utils/grading/ex03.py is missing") for p in found), found
     assert any(p.startswith("tests/wrong_answers/ex07.py is missing") and "WRONG" in p for p in found), found
-    (course / "exercises" / "05_inplace_relu.ipynb").unlink()
+    (course / "exercises" / "05_inplace_relu_exercise.ipynb").unlink()
     assert any("course_utils.grading.generate" in p for p in scaffold.check_files(course))
 
 

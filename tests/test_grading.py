@@ -19,10 +19,11 @@ from course_utils.grading.grade import Options, main as grade_main
 from course_utils.grading.notebook_code import graded_objects, rebuild
 from course_utils.grading.release import check_release, release
 from course_utils.grading.strip import strip_source
+from course_utils.layout import exercise_name
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION = ROOT / "solutions" / "00_gpu_memory_basics.ipynb"
-EXERCISE = ROOT / "exercises" / "00_gpu_memory_basics.ipynb"
+EXERCISE = ROOT / "exercises" / "00_gpu_memory_basics_exercise.ipynb"
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -163,7 +164,7 @@ def test_release_has_no_answers_and_its_checks_still_work(tmp_path):
     assert not (out / "solutions").exists() and not (out / "tests").exists()
     assert not (out / "course_utils" / "templates").exists()  # the scaffold's example solution
     assert sorted(p.name for p in (out / "exercises").glob("*.ipynb")) == \
-        sorted(p.name for p in (ROOT / "solutions").glob("*.ipynb"))
+        sorted(exercise_name(p) for p in (ROOT / "solutions").glob("*.ipynb"))
     assert check_release(out) == []
     assert "def reference_log_hooks" in (out / "course_utils/grading/ex02.py").read_text()  # kept, see docs
     assert "course_utils/grading/ex07.py" in info["stripped"]

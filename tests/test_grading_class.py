@@ -19,7 +19,7 @@ from course_utils.grading.grade import Options, grade_many, summary
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION = ROOT / "solutions" / "00_gpu_memory_basics.ipynb"
-EXERCISE = ROOT / "exercises" / "00_gpu_memory_basics.ipynb"
+EXERCISE = ROOT / "exercises" / "00_gpu_memory_basics_exercise.ipynb"
 CHECKS_FILE = ROOT / "course_utils" / "grading" / "ex00.py"
 HAS_LANDLOCK = limits.landlock_abi() > 0
 
@@ -375,8 +375,9 @@ def test_detached_process_is_killed_before_the_row_is_written(open_class, marker
 
 
 # -- graded objects must be the learner's own (exercise 01 and 07, in the sandbox) ----------------
-EX01 = ROOT / "exercises" / "01_build_3d_unet.ipynb"
-EX07 = ROOT / "exercises" / "07_checkpointing.ipynb"
+EX01 = ROOT / "exercises" / "01_build_3d_unet_exercise.ipynb"
+EX07 = ROOT / "exercises" / "07_checkpointing_exercise.ipynb"
+SOL01 = ROOT / "solutions" / "01_build_3d_unet.ipynb"  # nbgrader names its release and submissions after it
 IMPORTED = "from course_utils.unet import DoubleConv, Up"
 SUBCLASSED = """
 import course_utils.unet as cu_unet
@@ -473,18 +474,18 @@ def test_nbgrader_generate_and_autograde_give_the_course_graders_scores(tmp_path
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
     nbgrader("generate_assignment", "ex01", "--force")
-    released = course / "release" / "ex01" / EX01.name
+    released = course / "release" / "ex01" / SOL01.name
     rel = nbformat.read(released, as_version=4)  # nbgrader's release: the same code as exercises/
     assert [c.source for c in rel.cells] == [c.source for c in nbformat.read(EX01, as_version=4).cells]
-    wrong = notebook(ROOT / "solutions" / EX01.name)
+    wrong = notebook(SOL01)
     for c in wrong.cells:
         c.source = c.source.replace('mode="trilinear", align_corners=True', 'mode="nearest"')
-    subs = {"alice": nbformat.read(ROOT / "solutions" / EX01.name, as_version=4), "bob": rel, "carol": wrong}
+    subs = {"alice": nbformat.read(SOL01, as_version=4), "bob": rel, "carol": wrong}
     ours_dir = tmp_path / "ours"
     ours_dir.mkdir()
     for student, nb in subs.items():
         (course / "submitted" / student / "ex01").mkdir(parents=True)
-        nbformat.write(nb, course / "submitted" / student / "ex01" / EX01.name)
+        nbformat.write(nb, course / "submitted" / student / "ex01" / SOL01.name)
         nbformat.write(nb, ours_dir / f"01_{student}.ipynb")
     nbgrader("autograde", "ex01", "--create", "--force")
     from nbgrader.api import Gradebook

@@ -20,7 +20,7 @@ from course_utils.grading.grade import Options, containment, grade_many
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION = ROOT / "solutions" / "00_gpu_memory_basics.ipynb"
-EXERCISE = ROOT / "exercises" / "00_gpu_memory_basics.ipynb"
+EXERCISE = ROOT / "exercises" / "00_gpu_memory_basics_exercise.ipynb"
 CONTAINED = containment()[0]
 TAG = uuid.uuid4().hex[:12]  # names in /dev/shm that belong to this test run
 SHM_A, SHM_SELF = f"/dev/shm/course-test-{TAG}-a", f"/dev/shm/course-test-{TAG}-self"

@@ -202,14 +202,14 @@ def test_a_missing_stale_or_late_cell_is_named_with_its_fix(tmp_path):
 
     def stale(nb):
         nb["cells"][hosted.setup_cell_index(nb)]["source"] = "# an old setup cell\n"
-    _edit(root / "exercises/03_memory_limit_test.ipynb", stale)
+    _edit(root / "exercises/03_memory_limit_test_exercise.ipynb", stale)
 
     def late(nb):
         nb["cells"].insert(3, nb["cells"].pop(hosted.setup_cell_index(nb)))
     _edit(root / "solutions/07_checkpointing.ipynb", late)
     problems = "\n".join(hosted.cell_problems(root))
     assert "notebooks/05_inplace_relu.ipynb: no setup cell" in problems
-    assert "exercises/03_memory_limit_test.ipynb: its setup cell differs" in problems
+    assert "exercises/03_memory_limit_test_exercise.ipynb: its setup cell differs" in problems
     assert "solutions/07_checkpointing.ipynb: the setup cell is code cell" in problems
     assert "--update-cells" in problems
     hosted.update_cells(root)  # the fix puts the first two right (exercises: after the generator)

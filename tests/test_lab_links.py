@@ -168,7 +168,7 @@ def test_old_makefile_rooted_at_notebooks_fails(tmp_path):
     makefile.write_text("ROOT_FLAG := --allow-root\nlab: install\n\t$(BIN)/jupyter lab $(ROOT_FLAG) notebooks/\n")
     assert lab_root(makefile) == tmp_path / "notebooks"
     problems = dead_links(ROOT / "notebooks", documents())
-    assert any("../exercises/05_inplace_relu.ipynb" in p and "out of JupyterLab's root" in p for p in problems)
+    assert any("../exercises/05_inplace_relu_exercise.ipynb" in p and "out of JupyterLab's root" in p for p in problems)
     assert any("../README.md" in p for p in problems)
 
 

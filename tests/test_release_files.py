@@ -17,6 +17,7 @@ import nbformat
 import pytest
 
 from course_utils.grading.release import ROOT, check_release, nbgrader_course, release
+from course_utils.layout import exercise_name
 from course_utils.markdown import CODE, links
 
 MAKE = shutil.which("make")
@@ -50,7 +51,7 @@ def copy(built, tmp_path):
 def test_the_readme_links_and_names_only_what_the_release_contains(built):
     readme, makefile = (built / "README.md").read_text(), (built / "Makefile").read_text()
     targets = links(readme)
-    assert "notebooks/00_gpu_memory_basics.ipynb" in targets and "exercises/10_capstone.ipynb" in targets
+    assert "notebooks/00_gpu_memory_basics.ipynb" in targets and "exercises/10_capstone_exercise.ipynb" in targets
     for target in targets:
         assert (built / target).exists(), f"README.md links to {target}, not in the release"
     for text in (readme, makefile):
@@ -89,7 +90,7 @@ def test_the_readme_lists_every_notebook_in_order_with_its_exercise(built):
     assert [row[2:4] for row in rows] == [nb.name[:2] for nb in notebooks]
     for row, nb in zip(rows, notebooks, strict=True):
         assert f"[{heading(nb)}](notebooks/{nb.name})" in row
-        assert f"(exercises/{nb.name})" in row
+        assert f"(exercises/{nb.stem}_exercise.ipynb)" in row
     teacher = {row[2:4]: row.rsplit("|", 2)[1].strip() for row in rows}
     assert teacher["00"] == "-" and "`best_segments` (1)" in teacher["07"]
     assert "`naive_estimate`" not in teacher["03"]  # secret, but checked in the release: its reference is kept
@@ -140,11 +141,11 @@ def _make_check(out: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.skipif(MAKE is None, reason="needs make")
 def test_make_check_fails_an_untouched_exercise_and_passes_its_solution(built, copy):
-    exercise = copy / "exercises" / "00_gpu_memory_basics.ipynb"
-    shutil.copy(ROOT / "solutions" / exercise.name, copy / "exercises" / "00_solved.ipynb")
+    exercise = copy / "exercises" / "00_gpu_memory_basics_exercise.ipynb"
+    shutil.copy(ROOT / "solutions" / "00_gpu_memory_basics.ipynb", copy / "exercises" / "00_solved.ipynb")
     r = _make_check(copy, "EX=00")
     assert r.returncode != 0, r.stdout
-    assert "00_gpu_memory_basics.ipynb: 0/5 points" in r.stdout and "not implemented yet" in r.stdout, r.stdout
+    assert "00_gpu_memory_basics_exercise.ipynb: 0/5 points" in r.stdout and "not implemented yet" in r.stdout, r.stdout
     assert "00_solved.ipynb: 5/5 points" in r.stdout, r.stdout
     assert "1 of 2 exercises have parts to fix" in r.stdout, r.stdout
     assert exercise.read_text() == (built / "exercises" / exercise.name).read_text()  # not changed
@@ -161,7 +162,7 @@ def test_make_check_fails_each_typical_wrong_answer_on_its_part(copy):
 
     names = {p.key: p.name for p in exercise("00").parts}
     solution = ROOT / "solutions" / "00_gpu_memory_basics.ipynb"
-    (copy / "exercises" / "00_gpu_memory_basics.ipynb").unlink()
+    (copy / "exercises" / "00_gpu_memory_basics_exercise.ipynb").unlink()
     for i, (_what, old, new, _failing) in enumerate(WRONG):
         nb = nbformat.read(solution, as_version=4)
         for cell in nb.cells:
@@ -181,7 +182,7 @@ def test_every_solution_passes_make_check_and_the_teacher_parts_are_the_readmes(
     """The whole course: each solution in the release passes every part the release can check,
     and the parts it leaves to the teacher are the ones the README's table names."""
     for sol in (ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"):
-        shutil.copy(sol, copy / "exercises" / sol.name)
+        shutil.copy(sol, copy / "exercises" / exercise_name(sol))  # in place of its exercise
     r = subprocess.run([sys.executable, "check_exercises.py"], cwd=copy, capture_output=True, text=True,
                        timeout=1800, env=dict(os.environ, PYTHONPATH=""))
     teacher_lines = {}

@@ -12,7 +12,7 @@ this generator and ``nbgrader generate_assignment``::
         return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
         ### END SOLUTION
 
-``exercises/NN_topic.ipynb`` gets nbgrader's stub in place of each region (``# YOUR CODE HERE`` /
+``exercises/NN_topic_exercise.ipynb`` (``course_utils.layout``) gets nbgrader's stub in place of each region (``# YOUR CODE HERE`` /
 ``raise NotImplementedError()``; ``YOUR ANSWER HERE`` in a markdown solution cell; a solution
 cell without a region is replaced whole), no outputs, no execution counts and no execution
 metadata -- the same code nbgrader's ``generate_assignment`` releases. Errors (as nbgrader's):
@@ -32,6 +32,8 @@ import sys
 from pathlib import Path
 
 import nbformat
+
+from ..layout import exercise_name
 
 BEGIN, END = "BEGIN SOLUTION", "END SOLUTION"
 CODE_STUB = ["# YOUR CODE HERE", "raise NotImplementedError()"]  # nbgrader's python code_stub
@@ -114,14 +116,14 @@ def generate(check: bool = False, root: Path = ROOT) -> tuple[list[str], list[st
     solutions = sorted((root / "solutions").glob("[0-9][0-9]_*.ipynb"))
     stale = []
     for sol in solutions:
-        ex = root / "exercises" / sol.name
+        ex = root / "exercises" / exercise_name(sol.name)
         text = exercise_text(sol)
         if not ex.exists() or ex.read_text() != text:
             stale.append(sol.name)
             if not check:
                 ex.parent.mkdir(exist_ok=True)
                 ex.write_text(text)
-    names = {s.name for s in solutions}
+    names = {exercise_name(s.name) for s in solutions}
     orphaned = sorted(p.name for p in (root / "exercises").glob("*.ipynb") if p.name not in names)
     if not check:
         for name in orphaned:

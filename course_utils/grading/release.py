@@ -46,6 +46,7 @@ from pathlib import Path
 import nbformat
 import torch
 
+from ..layout import exercise_name, lesson_stem
 from ..markdown import CODE, links
 from ..session_cache import shared
 from .core import roundtrip
@@ -175,7 +176,7 @@ def release(out: Path, root: Path = ROOT, force: bool = False) -> dict:
     (out / "exercises").mkdir()
     for sol in sorted((root / "solutions").glob("[0-9][0-9]_*.ipynb")):
         nb = make_exercise(nbformat.read(sol, as_version=4), sol.name)
-        nbformat.write(nb, out / "exercises" / sol.name)
+        nbformat.write(nb, out / "exercises" / exercise_name(sol.name))
     stripped = release_course_utils(root / "course_utils", out / "course_utils", recording(str(root)))
     for name in KEEP_FILES:
         if (root / name).exists():
@@ -265,16 +266,16 @@ def parts_using(module: Path, marks: set[str]) -> set[str]:
 def notebook_rows(out: Path) -> list[str]:
     """The README's table rows: each notebook of ``out`` with its title, its exercise, the
     exercise's points and the parts the release cannot check (their answer is the teacher's)."""
-    stems = sorted({p.stem for folder in ("notebooks", "exercises") for p in (out / folder).glob("*.ipynb")})
+    stems = sorted({lesson_stem(p) for folder in ("notebooks", "exercises") for p in (out / folder).glob("*.ipynb")})
     rows = []
     for stem in stems:
-        nb, ex = out / "notebooks" / f"{stem}.ipynb", out / "exercises" / f"{stem}.ipynb"
+        nb, ex = out / "notebooks" / f"{stem}.ipynb", out / "exercises" / exercise_name(stem)
         lesson = f"[{_cell(_heading(nb))}](notebooks/{stem}.ipynb)" if nb.exists() else "-"
         points = teacher = "-"
         exercise_link = "-"
         if ex.exists():
             spec = exercise(stem[:2])
-            exercise_link = f"[{_cell(spec.title)}](exercises/{stem}.ipynb)"
+            exercise_link = f"[{_cell(spec.title)}](exercises/{ex.name})"
             points = str(spec.max_score)
             keys = teacher_checked(out / "course_utils" / "grading" / f"ex{stem[:2]}.py")
             teacher = ", ".join(f"{_part_name(p.name)} ({p.points})" for p in spec.parts if p.key in keys) or "-"

@@ -16,14 +16,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import build  # noqa: E402  (site/build.py)
 
-PAGES = {"notebooks/00_a.ipynb", "notebooks/01_b.ipynb", "exercises/00_a.ipynb", "docs/teaching.md",
+PAGES = {"notebooks/00_a.ipynb", "notebooks/01_b.ipynb", "exercises/00_a_exercise.ipynb", "docs/teaching.md",
          build.JUPYTERLAB_PAGE}
 INFO = {"date": "2026-01-01", "torch": "9.9.9", "python": "3.11", "machine": "x86_64, 2 cores",
         "preset": "tiny", "gpu": None}
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("[ex](../exercises/00_a.ipynb)", "[ex](../exercises/00_a.ipynb)"),
+    ("[ex](../exercises/00_a_exercise.ipynb)", "[ex](../exercises/00_a_exercise.ipynb)"),
     ("[next](01_b.ipynb#setup)", "[next](01_b.ipynb#setup)"),
     ("[code](../course_utils/memory.py)", "code (`course_utils/memory.py` in the repository)"),
     ("[home](../README.md#start)", "[home](../index.md#start)"),
@@ -88,7 +88,7 @@ def test_banner_and_footer():
     assert nb.cells[0].source.startswith("# 00")  # the title stays first
     assert "COURSE_SIZE=tiny" in banner and "torch 9.9.9" in banner and "2026-01-01" in banner
     assert "device: cpu (CPU) | preset: tiny" in banner  # what setup() printed
-    for link in ("(../exercises/00_a.ipynb)", "(01_b.ipynb)", f"(../{build.JUPYTERLAB_PAGE})"):
+    for link in ("(../exercises/00_a_exercise.ipynb)", "(01_b.ipynb)", f"(../{build.JUPYTERLAB_PAGE})"):
         assert link in banner and link in footer
 
 
@@ -108,16 +108,16 @@ def test_setup_line_missing_is_said():
 
 def test_exercise_page_is_not_executed():
     nb = widget_nb()
-    build.exercise_page(nb, "00_a", {"00_a"}, PAGES)
+    build.exercise_page(nb, "00_a_exercise", {"00_a"}, PAGES)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")
     assert "Solutions are not published" in nb.cells[1].source
 
 
 def test_index_links_notebooks_and_lists_every_page():
     readme = "# Course\n\n| 00 | `00_a` | x |\n| 01 | `01_b` | y |\nsee [notes](docs/teaching.md)\n"
-    text = build.index_page(readme, ["00_a", "01_b"], ["00_a"], PAGES, INFO)
+    text = build.index_page(readme, ["00_a", "01_b"], ["00_a_exercise"], PAGES, INFO)
     assert "[`00_a`](notebooks/00_a.ipynb)" in text and "[notes](docs/teaching.md)" in text
-    for entry in ("notebooks/00_a", "notebooks/01_b", "exercises/00_a", "docs/teaching", "open_in_jupyterlab"):
+    for entry in ("notebooks/00_a", "notebooks/01_b", "exercises/00_a_exercise", "docs/teaching", "open_in_jupyterlab"):
         assert f"\n{entry}\n" in text
     assert "solutions" not in text
 

@@ -1,0 +1,26 @@
+"""course_utils.layout: a lesson, its exercise and its solution have names JupyterLab's tabs tell apart."""
+
+from pathlib import Path
+
+from course_utils.layout import EXERCISE_SUFFIX, exercise_name, lesson_stem
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_an_exercise_is_named_after_its_lesson_with_a_suffix():
+    for given in ("07_checkpointing", "07_checkpointing.ipynb", "solutions/07_checkpointing.ipynb",
+                  Path("exercises/07_checkpointing_exercise.ipynb")):
+        assert lesson_stem(given) == "07_checkpointing"
+        assert exercise_name(given) == "07_checkpointing_exercise.ipynb"
+
+
+def test_no_lesson_and_exercise_share_a_file_name():
+    """JupyterLab titles a tab with the file's name only: a lesson and its exercise of one name opened
+    as two identical tabs (issue 41). Fails on the layout before the exercises were renamed."""
+    lessons = {p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    exercises = {p.name for p in (ROOT / "exercises").glob("[0-9][0-9]_*.ipynb")}
+    assert lessons and exercises and not lessons & exercises
+    assert {lesson_stem(e) for e in exercises} <= {lesson_stem(n) for n in lessons}
+    assert all(e.endswith(f"{EXERCISE_SUFFIX}.ipynb") for e in exercises)
+    solutions = {p.name for p in (ROOT / "solutions").glob("[0-9][0-9]_*.ipynb")}
+    assert {exercise_name(s) for s in solutions} == exercises  # one exercise per solution, by this module's rule
