@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
@@ -42,6 +44,7 @@ from . import session_cache
 from .checkpointing import checkpointed
 from .memory import predict_step
 from .memory.meters import storage_key
+from .recorded import recorded_folder
 
 #: DenseNet-169 (torchvision's densenet169): growth 32, blocks (6, 12, 32, 32), bn_size 4,
 #: 64 initial features, compression 0.5
@@ -295,3 +298,32 @@ CARDS_GIB = {"6 GB (GTX 1060 / RTX 2060)": 6, "8 GB (GTX 1080 / RTX 2080 / 3070)
              "16 GB (V100 / T4)": 16}
 
 
+
+
+#: the GPU kit's task that measures section 2's two nets of notebook 12 (batch 8, 512 x 512, fp32, Adam)
+KIT_TASK = "examples/densenet"
+
+
+def recorded_kit_rows(task: str = KIT_TASK, folder=None):
+    """What the newest GPU run whose kit finished ``task`` recorded (``docs/gpu-runs/*/kit.json``,
+    beside ``recorded.recorded_folder()``): one row per case, the predicted and measured
+    (``max_memory_allocated``) peak, the measured reserved MiB, where the prediction put the peak.
+    A pandas DataFrame with ``attrs`` ``run`` (GPU, date, torch) and ``context MiB`` (the CUDA
+    context the run measured at its start); an empty one if no run finished the task."""
+    import pandas as pd
+
+    root = Path(folder) if folder else recorded_folder().parent / "docs" / "gpu-runs"
+    found = []
+    for path in sorted(root.glob("*/kit.json")):
+        data = json.loads(path.read_text())
+        t = next((t for t in data.get("tasks", []) if t.get("name") == task and t.get("status") == "done"), None)
+        if t is not None:
+            found.append((data["machine"], t["result"]["rows"]))
+    if not found:
+        return pd.DataFrame()
+    machine, rows = max(found, key=lambda f: f[0]["date"])
+    df = pd.DataFrame(rows).set_index("case")
+    df["measured / predicted"] = (df["measured peak MiB"] / df["predicted peak MiB"]).round(3)
+    df.attrs.update({"run": f"{machine['gpu']}, {machine['date']}, torch {machine['torch']}",
+                     "context MiB": machine.get("context MiB")})
+    return df

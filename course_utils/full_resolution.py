@@ -130,13 +130,37 @@ class PixelModel:
         return side
 
 
-def _step(variant: str, precision: str, batch: int, side: int, optimizer: str | None = "adam"):
+def with_group_norm(net: nn.Module, channels_per_group: int = 4) -> nn.Module:
+    """``net`` with every ``BatchNorm2d`` replaced by a ``GroupNorm`` of ``channels_per_group``
+    channels a group (in the BatchNorm's dtype): a normalisation of one image, which gradient
+    accumulation leaves exact (notebook 12, section 4). Returns ``net``."""
+    for parent in list(net.modules()):
+        for key, child in list(parent.named_children()):
+            if isinstance(child, nn.BatchNorm2d):
+                setattr(parent, key, nn.GroupNorm(child.num_features // channels_per_group, child.num_features,
+                                                  device=child.weight.device, dtype=child.weight.dtype))
+    return net
+
+
+#: the normalisations a pixel model can be predicted with: seed 004's BatchNorm, or GroupNorm
+NORMS = ("batch", "group")
+
+
+def _step(variant: str, precision: str, batch: int, side: int, optimizer: str | None = "adam",
+          norm: str = "batch"):
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}: choose one of {list(VARIANTS)}")
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}: choose one of {list(PRECISIONS)}")
+    if norm not in NORMS:
+        raise ValueError(f"unknown norm {norm!r}: choose one of {list(NORMS)}")
     kw = VARIANTS[variant]
-    return predict_step(lambda: dn.densenet169(**kw), **dn.seed004_step_args(batch, (side, side)),
+
+    def build():
+        net = dn.densenet169(**kw)
+        return with_group_norm(net) if norm == "group" else net
+
+    return predict_step(build, **dn.seed004_step_args(batch, (side, side)),
                         autocast_dtype=PRECISIONS[precision], module_peaks=False, optimizer=optimizer)
 
 
@@ -155,19 +179,23 @@ def from_prediction(prediction, batch: int, side: int, variant: str = "", precis
 
 
 @lru_cache(maxsize=None)
-def pixel_model(variant: str, precision: str = "fp32", side: int = FULL_SIDE) -> PixelModel:
+def pixel_model(variant: str, precision: str = "fp32", side: int = FULL_SIDE, norm: str = "batch") -> PixelModel:
     """``PixelModel`` from one prediction of ``variant`` in ``precision`` at batch 1,
     ``side`` x ``side`` (cached, and shared by a test session's processes: each takes seconds of
     fake-tensor dispatch). Predicted without the optimizer's step, Adam's two moments added as
-    resident state (module docstring); refused if the peak is not in backward, where that holds."""
-    return _pixel_model(variant, precision, int(side))
+    resident state (module docstring); refused if the peak is not in backward, where that holds.
+    ``norm="group"``: every BatchNorm replaced by GroupNorm (``with_group_norm``); the model's
+    ``variant`` then ends in " + GroupNorm". Under CUDA autocast ``group_norm`` runs in fp32
+    (autocast's fp32 list, ``amp_rules``): its input is cast up and kept in fp32."""
+    return _pixel_model(variant, precision, int(side), norm)
 
 
 @session_cache.shared("full_resolution.pixel_model")
-def _pixel_model(variant: str, precision: str, side: int) -> PixelModel:
+def _pixel_model(variant: str, precision: str, side: int, norm: str = "batch") -> PixelModel:
     t0 = time.process_time()
-    p = _step(variant, precision, 1, side, optimizer=None)
-    model = from_prediction(p, 1, side, variant, precision, time.process_time() - t0)
+    p = _step(variant, precision, 1, side, optimizer=None, norm=norm)
+    label = variant + (" + GroupNorm" if norm == "group" else "")
+    model = from_prediction(p, 1, side, label, precision, time.process_time() - t0)
     if model.peak_location[-1:] != ("backward",):
         raise RuntimeError(f"{model.label} at {side} x {side}: the predicted peak is in "
                            f"{model.peak_location}, not in backward; Adam's step may set it there: "
@@ -535,10 +563,7 @@ def tiny_densenet(norm: str = "batch") -> dn.DenseNet:
     torch.manual_seed(0)
     net = dn.DenseNet(growth_rate=4, block_config=(2, 2, 2, 2), num_init_features=8, bn_size=2).double()
     if norm == "group":
-        for parent in list(net.modules()):
-            for key, child in list(parent.named_children()):
-                if isinstance(child, nn.BatchNorm2d):
-                    setattr(parent, key, nn.GroupNorm(child.num_features // 4, child.num_features).double())
+        with_group_norm(net)
     elif norm == "frozen":
         for m in net.modules():
             if isinstance(m, nn.BatchNorm2d):
