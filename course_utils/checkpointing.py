@@ -413,6 +413,36 @@ def cost_estimate(build_plain: Callable[[], nn.Module], build: Callable[[], nn.M
                         elementwise_bytes=mine.elementwise_bytes - plain.elementwise_bytes, **assumed)
 
 
+def frontier_table(configs: dict[str, dict[str, Any]], build: Callable[..., nn.Module],
+                   input_shape: Sequence[int], *, plain: StepCounts | None = None,
+                   peaks: dict[str, int] | None = None, autocast_dtype: torch.dtype | None = None,
+                   n_classes: int = 5, progress: bool = False, **rates):
+    """The memory-time frontier's table (notebook 07, section 7): for each configuration
+    ``name -> build's keyword arguments``, the predicted steady-state peak (``peaks[name]`` if
+    given, else ``predict_step``), the recomputed FLOPs and offloaded bytes counted, and the extra
+    seconds estimated (``cost_estimate`` against ``build()`` at ``rates``; offload where the
+    arguments set ``offload_activations``). A DataFrame indexed by configuration."""
+    import pandas as pd
+    from tqdm.auto import tqdm  # lazy: only a notebook's bar needs it
+
+    kw_counts = dict(autocast_dtype=autocast_dtype, n_classes=n_classes)
+    plain = plain or step_counts(build, input_shape, **kw_counts)
+    rows = []
+    for name, kw in tqdm(configs.items(), desc="frontier (predicted, counted)", disable=not progress):
+        one = lambda kw=kw: build(**kw)  # noqa: E731
+        peak = (peaks or {}).get(name)
+        if peak is None:
+            peak = predict_step(one, tuple(input_shape), n_classes=n_classes, autocast_dtype=autocast_dtype,
+                                module_peaks=False).peak
+        est = cost_estimate(build, one, input_shape, offload=kw.get("offload_activations", False), plain=plain,
+                            **kw_counts, **rates)
+        rows.append({"configuration": name, "peak MiB (predicted)": round(peak / 2**20),
+                     "recomputed TFLOP (counted)": round(est.recomputed_flops / 1e12, 2),
+                     "moved GiB each way (counted)": round(est.offloaded_bytes / 2**30, 2),
+                     "extra s per step (estimate)": round(est.extra_s, 2)})
+    return pd.DataFrame(rows).set_index("configuration")
+
+
 # --------------------------------------------------------------------------------------------
 # Timing, done properly
 # --------------------------------------------------------------------------------------------

@@ -379,3 +379,17 @@ def test_recorded_benchmarks_read_the_gpu_runs():
     off = rec[rec.technique.str.contains("offload") & rec["measured peak MiB"].notna()]
     assert len(off) == 2 and off["measured / predicted"].between(1.25, 1.45).all()
     assert list(ck.recorded_benchmarks(folder=ROOT / "tests").columns) == []  # no record: an empty table
+
+
+def test_frontier_table_rows():
+    """Notebook 07's frontier: each configuration's peak (given or predicted), counted work and
+    estimate; offload only where the configuration asks for it."""
+    from course_utils import checkpointing as ck
+
+    shape = (2, 1, 8, 16, 16)
+    build = lambda **kw: UNet3D(levels=3, channels=4, **kw)  # noqa: E731
+    cfgs = {"none": {}, "level": dict(checkpoint="level"), "offload": dict(offload_activations=True)}
+    t = ck.frontier_table(cfgs, build, shape, peaks={"none": 2**20}, pcie_bytes_per_s=1e6)  # a slow link: visible
+    assert list(t.index) == list(cfgs) and t.loc["none", "peak MiB (predicted)"] == 1
+    assert t.loc["level", "recomputed TFLOP (counted)"] >= 0 and t.loc["level", "moved GiB each way (counted)"] == 0
+    assert t.loc["offload", "extra s per step (estimate)"] > 0 == t.loc["none", "extra s per step (estimate)"]

@@ -136,3 +136,16 @@ def test_memory_efficient_dense_layer_stores_two_bottleneck_maps_and_its_new_cha
     for i in range(4):
         c = 64 + 32 * i
         assert naive.loc[str(i), "stored maps (channels)"] == sorted([c, c, 128, 128], reverse=True)
+
+
+def test_recorded_kit_rows_read_the_h200_densenet_run(tmp_path):
+    """Notebook 12 shows the GPU kit's DenseNet-169 (batch 8, 512^2, fp32) beside its prediction:
+    the record holds both nets, measured within 3 % above the prediction, with the run's label
+    and context; no record gives an empty table."""
+    from course_utils.densenet import recorded_kit_rows
+
+    kit = recorded_kit_rows()
+    assert len(kit) == 2 and all("(8, 1, 512, 512)" in c for c in kit.index)
+    assert ((kit["measured / predicted"] > 1) & (kit["measured / predicted"] < 1.03)).all()
+    assert "H200" in kit.attrs["run"] and kit.attrs["context MiB"] > 0
+    assert recorded_kit_rows(folder=tmp_path).empty

@@ -228,3 +228,24 @@ def test_predicting_without_the_optimizer_step_keeps_the_slope():
     n_tensors = len(list(dn.DenseNet(**TINY).parameters()))
     assert with_adam.fixed - without.fixed == 512 * n_tensors
     assert without.peak_location == ("DenseNet", "backward")
+
+
+def test_group_norm_keeps_fp32_maps_under_autocast():
+    """Notebook 12's GroupNorm row: under CUDA autocast ``group_norm`` runs in fp32 (its fp32
+    list), so a DenseNet with GroupNorm keeps fp32 copies of the concatenations and stores more
+    than with BatchNorm; in fp32 the two store the same. Before, the answer table gave GroupNorm
+    BatchNorm's fp16 figure."""
+    def tiny(norm):
+        net = dn.DenseNet(growth_rate=4, block_config=(2, 2, 2, 2), num_init_features=8, bn_size=2)
+        return fr.with_group_norm(net) if norm == "group" else net
+
+    def peak(norm, ac):
+        p = predict_step(lambda: tiny(norm), **dn.seed004_step_args(1, (256, 256)), autocast_dtype=ac,
+                         module_peaks=False, optimizer=None)
+        return steady_state(p.breakdown)["Total"] - steady_state(p.breakdown)["Parameter"]
+
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in fr.with_group_norm(tiny("batch")).modules())
+    assert abs(peak("group", None) / peak("batch", None) - 1) < 0.02
+    assert peak("group", torch.float16) > 1.3 * peak("batch", torch.float16)
+    with pytest.raises(ValueError, match="unknown norm"):
+        fr._step("naive", "fp32", 1, 64, norm="layer")
