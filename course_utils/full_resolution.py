@@ -331,6 +331,37 @@ def sides_table(models: dict[str, PixelModel], cards: Sequence[float] = CARDS_GI
     return table
 
 
+def extrapolation_report(models: dict[str, PixelModel], cards: Sequence[float] = CARDS_GIB) -> dict:
+    """Notebook 12's sides per card with their limits: ``sides8`` / ``sides1`` (``sides_table`` at
+    batch 8, and batch 1 with accumulation), ``marked8`` / ``marked1`` (the same, marked, with a
+    named axis), ``int32`` (``largest_int32_side`` at batch 8 and 1), ``extrapolated`` (the share
+    of each table's sides outside ``CHECKED_SIDES``), ``far`` (the largest batch-1 side, its
+    technique and the change of the hand count per pixel there against ``FULL_SIDE``, %) and
+    ``lines`` (the three lines a notebook prints: the 32-bit sides, the shares, the far count)."""
+    lo, hi = CHECKED_SIDES
+    sides8, sides1 = sides_table(models, cards), sides_table(models, cards, accumulate=True)
+    int32 = (largest_int32_side(dn.SEED004_BATCH), largest_int32_side(1))
+    out8, out1 = (float(((t < lo) | (t > hi)).to_numpy().mean()) for t in (sides8, sides1))
+    far_side = int(sides1.to_numpy().max())
+    far_label = sides1.stack().idxmax()[0]
+    m = models[far_label]
+    far, here = (hand_count(m.variant, m.precision, s)["B per pixel"].sum() for s in (far_side, FULL_SIDE))
+    change = 100 * (far / here - 1)
+    lines = [f"stem output at most 2^31 - 1 = {INT32_MAX:,} elements: sides up to {int32[0]:,} at batch "
+             f"{dn.SEED004_BATCH}, {int32[1]:,} at batch 1 [computed]",
+             f"outside {lo}-{hi} (extrapolated): {100 * out8:.0f} % of the batch-{dn.SEED004_BATCH} sides, "
+             f"{100 * out1:.0f} % of the batch-1 sides",
+             f"{far_label}: the hand count per pixel at {far_side:,}² is {change:+.2f} % of that at "
+             f"{FULL_SIDE}² (the pools' rounding) [counted]"]
+    return {"sides8": sides8, "sides1": sides1,
+            "marked8": sides_table(models, cards, marked=True).rename_axis(
+                f"largest side, batch {dn.SEED004_BATCH} (predicted)"),
+            "marked1": sides_table(models, cards, accumulate=True, marked=True).rename_axis(
+                "largest side, batch 1 + accumulation (predicted)"),
+            "int32": int32, "extrapolated": (out8, out1),
+            "far": {"technique": far_label, "side": far_side, "change %": change}, "lines": lines}
+
+
 def plot_sides(models: dict[str, PixelModel], cards: Sequence[float] = CARDS_GIB, axes=None):
     """Resolution against card size: the largest side that trains at batch 8 (left) and at
     batch 1 with gradient accumulation (right), one line per technique; the checked sides shaded,

@@ -249,3 +249,21 @@ def test_group_norm_keeps_fp32_maps_under_autocast():
     assert peak("group", torch.float16) > 1.3 * peak("batch", torch.float16)
     with pytest.raises(ValueError, match="unknown norm"):
         fr._step("naive", "fp32", 1, 64, norm="layer")
+
+
+def test_extrapolation_report_marks_its_limits():
+    """Notebook 12's sides per card (fr.extrapolation_report): the 32-bit side is the last whose
+    stem output fits 2^31 - 1 elements, the shares count the sides outside the checked range, and
+    the three printed lines carry the figures."""
+    line = fr.PixelModel("naive", "fp32", fixed=2**30, per_pixel=3000.0, all_gradients=2**28,
+                         gradient_at_peak=2**27, side=fr.FULL_SIDE, seconds=0.0, method="test")
+    rep = fr.extrapolation_report({"naive, fp32": line})
+    i8, i1 = rep["int32"]
+    assert fr.stem_output_elements(i1, 1) <= fr.INT32_MAX < fr.stem_output_elements(i1 + fr.SIDE_STEP, 1)
+    assert fr.stem_output_elements(i8, dn.SEED004_BATCH) <= fr.INT32_MAX < fr.stem_output_elements(
+        i8 + fr.SIDE_STEP, dn.SEED004_BATCH)
+    lo, hi = fr.CHECKED_SIDES
+    for table, share in zip((rep["sides8"], rep["sides1"]), rep["extrapolated"], strict=True):
+        assert share == ((table < lo) | (table > hi)).to_numpy().mean()
+    assert rep["far"]["side"] == int(rep["sides1"].to_numpy().max()) and len(rep["lines"]) == 3
+    assert f"{i1:,}" in rep["lines"][0] and f"{rep['far']['side']:,}" in rep["lines"][2]
