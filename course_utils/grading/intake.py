@@ -179,6 +179,8 @@ def _read_notebook(path: Path, root) -> tuple[bytes, list[str]]:
         with warnings.catch_warnings():  # nbformat's own (a cell without an id): not the teacher's concern
             warnings.simplefilter("ignore")
             nbformat.reads(out.decode("utf-8"), as_version=4)
+    except MemoryError:  # past the bound inside nbformat (validation copies the notebook): read_submission's
+        raise
     except Exception as err:  # noqa: BLE001 - nbformat's own reasons: a wrong version, a bad cell
         raise Unreadable(f"{path.name} is not a notebook nbformat can read ({type(err).__name__}: "
                          f"{clean_text(str(err))[:300]})") from None
