@@ -43,7 +43,7 @@ from torch.utils.checkpoint import (
 
 from .amp_rules import autocast_rules
 from .cost import ElementwiseBytes, SaveOnCpuMeter
-from .memory import default_dtype, predict_step, target_spec
+from .memory import catch_oom, cuda_peak, default_dtype, predict_step, require_cuda, target_spec
 from .recorded import ONLY_STEP, recorded_folder
 from .train import training_step
 
@@ -441,6 +441,32 @@ def frontier_table(configs: dict[str, dict[str, Any]], build: Callable[..., nn.M
                      "moved GiB each way (counted)": round(est.offloaded_bytes / 2**30, 2),
                      "extra s per step (estimate)": round(est.extra_s, 2)})
     return pd.DataFrame(rows).set_index("configuration")
+
+
+def measure_offload_peaks(build: Callable[..., nn.Module], input_shape: Sequence[int], *, n_classes: int = 5,
+                          autocast_dtype: torch.dtype | None = torch.float16) -> dict[str, Any]:
+    """On a CUDA GPU: the measured peak (``max_memory_allocated``, MiB) of one forward + backward of
+    ``build(offload_activations=flag)`` for flag False and True, under autocast; "OOM" for a
+    variant that does not fit (the out-of-memory explained by ``catch_oom``)."""
+    require_cuda("measure_offload_peaks")
+    shape = tuple(input_shape)
+    out: dict[str, Any] = {}
+    for flag in (False, True):
+        net = build(offload_activations=flag).cuda()
+        x = torch.randn(shape, device="cuda")
+        y = torch.randint(0, n_classes, (shape[0], *shape[2:]), device="cuda")
+
+        def step(net=net, x=x, y=y):
+            with torch.autocast("cuda", dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                logits = net(x)
+            nn.functional.cross_entropy(logits.float(), y).backward()
+
+        with catch_oom() as r:
+            out[f"offload={flag}"] = round(cuda_peak(step).peak_allocated / 2**20)
+        if not r.ok:
+            out[f"offload={flag}"] = "OOM"
+        del net, x, y, step  # the next variant starts without this one's tensors
+    return out
 
 
 # --------------------------------------------------------------------------------------------

@@ -393,3 +393,13 @@ def test_frontier_table_rows():
     assert list(t.index) == list(cfgs) and t.loc["none", "peak MiB (predicted)"] == 1
     assert t.loc["level", "recomputed TFLOP (counted)"] >= 0 and t.loc["level", "moved GiB each way (counted)"] == 0
     assert t.loc["offload", "extra s per step (estimate)"] > 0 == t.loc["none", "extra s per step (estimate)"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's answer: a GPU measures")
+def test_measure_offload_peaks_needs_a_gpu():
+    """Notebook 07's GPU branch of section 6 measures with ck.measure_offload_peaks; on a CPU it
+    says it needs CUDA instead of failing inside the step."""
+    from course_utils import checkpointing as ck
+
+    with pytest.raises(RuntimeError, match="CUDA"):
+        ck.measure_offload_peaks(lambda **kw: UNet3D(levels=2, channels=2, **kw), (2, 1, 4, 8, 8))
