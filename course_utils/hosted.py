@@ -40,6 +40,7 @@ from .allocator import caching_demo
 from .budget import overheads
 from .config import PRESETS
 from .explorer import PRECISIONS, Config, estimate
+from .layout import exercise_name
 from .limit_test import input_bytes, run_limit_test
 from .memory import GiB, MiB
 from .readme import replace_block
@@ -303,8 +304,8 @@ def zip_readme(wheel_name: str, root: Path = ROOT) -> str:
     notebooks with their exercises and README's figures, every link to a file inside the zip."""
     rows = []
     for nb in sorted(root.glob("notebooks/[0-9][0-9]_*.ipynb")):
-        ex = root / "exercises" / nb.name
-        exercise = f"[exercises/{nb.name}](exercises/{nb.name})" if ex.exists() else "-"
+        ex = root / "exercises" / exercise_name(nb)
+        exercise = f"[exercises/{ex.name}](exercises/{ex.name})" if ex.exists() else "-"
         rows.append(f"| {nb.name[:2]} | [{_title(nb)}](notebooks/{nb.name}) | {exercise} |")
     readme = (root / "README.md").read_text(encoding="utf-8")
     figures = re.search(r"<!-- BEGIN figures -->\n(.*?)<!-- END figures -->", readme, re.S)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from course_utils import hosted, recorded
+from course_utils.layout import exercise_name
 from course_utils.markdown import links
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -283,7 +284,7 @@ def test_the_zips_readme_is_its_own_and_every_link_in_it_resolves_inside_the_zip
     assert not broken, f"links in the zip's README that lead nowhere inside the zip: {broken}"
     assert "course_setup.py" in targets and "docs/hosted-gpu.md" in targets
     for nb in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):  # every lesson and its exercise
-        assert f"notebooks/{nb.name}" in targets and f"exercises/{nb.name}" in targets
+        assert f"notebooks/{nb.name}" in targets and f"exercises/{exercise_name(nb)}" in targets
     for gone in ("make lab", "make test", "CONTRIBUTING", "{{", "$"):
         assert gone not in readme.replace(f"{WHEEL}", ""), f"the zip's README says {gone!r}"
     assert WHEEL in readme and "Colab" in readme and "Kaggle" in readme
