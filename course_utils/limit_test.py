@@ -188,6 +188,38 @@ def recorded_backward_excess(folder=None):
     return pd.DataFrame(rows)
 
 
+def recorded_diagnosis(folder=None):
+    """Seed 003's step at N = 128 op by op, as the GPU kit's diagnosis recorded it
+    (``*/details/diagnose-seed003.json`` under ``docs/gpu-runs/``; ``folder``: as
+    ``recorded_backward_excess``'), the newest run: per setting (the prediction, cuDNN's default,
+    ``cudnn.benchmark``, TF32 off, cuDNN off), how far the step's peak rose above its start and
+    what the convolutions' backward allocated and freed inside themselves (their transients: a
+    workspace). A pandas DataFrame, one row per setting, ``attrs["run"]`` naming the run; empty
+    without a recording."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    folder = Path(folder) if folder else recorded.recorded_folder().parent / "docs" / "gpu-runs"
+    found = sorted(folder.glob("*/details/diagnose-seed003.json"))
+    if not found:
+        return pd.DataFrame()
+    path = found[-1]
+    rows = {}
+    for setting, ops in json.loads(path.read_text()).items():
+        if not (isinstance(ops, list) and ops and "transient" in ops[0]):
+            continue  # "blocks at the peak": the allocator's blocks, not an op list
+        rows[setting] = {"peak above the step's start MiB": (max(o["peak"] for o in ops) - ops[0]["before"]) / MiB,
+                         "convolution backward transients MiB": sum(o["transient"] for o in ops
+                                                                     if "convolution_backward" in o["op"]) / MiB}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    kit = path.parent.parent / "kit.json"
+    m = json.loads(kit.read_text())["machine"] if kit.exists() else {}
+    table.attrs["run"] = f"{m.get('gpu', path.parent.parent.name)}, {m.get('date', '?')}, torch {m.get('torch', '?')}"
+    return table
+
+
 def recorded_largest_n(key: str = "03/largest_n") -> dict | None:
     """The largest N a GPU run measured under notebook 03's 8 GiB cap (``recorded.lookup(key)``):
     ``{"N", "context" (bytes the search subtracted from the cap, measured mid-notebook), "context

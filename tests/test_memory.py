@@ -655,6 +655,35 @@ def test_recorded_backward_excess_reads_both_kinds_of_gpu_record(tmp_path):
     assert recorded_backward_excess(tmp_path / "none").empty
 
 
+def test_recorded_diagnosis_reads_the_kits_op_by_op_run(tmp_path):
+    """Notebook 03 says where cuDNN's backward workspace lives (a transient inside
+    ``convolution_backward``) and that TF32 off removes it, from this reading of the kit's diagnosis:
+    the peak above the step's start and the convolutions' transients, per setting, the newest run."""
+    import json
+
+    from course_utils.limit_test import recorded_diagnosis
+
+    def ops(start, conv_transient):
+        return [{"op": "detach", "before": start, "peak": start, "transient": 0},
+                {"op": "aten.convolution_backward.default", "before": start, "peak": start + 3 * MiB,
+                 "transient": conv_transient},
+                {"op": "add_", "before": start, "peak": start + MiB, "transient": 0}]
+
+    for run, workspace in (("2026-01-01-g", 7), ("2026-02-01-g", 2)):
+        (tmp_path / run / "details").mkdir(parents=True)
+        (tmp_path / run / "details" / "diagnose-seed003.json").write_text(json.dumps(
+            {"blocks at the peak": [{"MiB": 1.0, "frames": []}], "cuDNN default": ops(10 * MiB, workspace * MiB),
+             "TF32 off": ops(10 * MiB, 0)}))
+    (tmp_path / "2026-02-01-g" / "kit.json").write_text(json.dumps(
+        {"machine": {"gpu": "G", "date": "2026-02-01", "torch": "2.13"}}))
+    table = recorded_diagnosis(tmp_path)
+    assert list(table.index) == ["cuDNN default", "TF32 off"] and table.attrs["run"] == "G, 2026-02-01, torch 2.13"
+    assert table.loc["cuDNN default", "convolution backward transients MiB"] == 2.0  # the newest run's
+    assert table.loc["TF32 off", "convolution backward transients MiB"] == 0.0
+    assert table["peak above the step's start MiB"].tolist() == [3.0, 3.0]
+    assert recorded_diagnosis(tmp_path / "none").empty
+
+
 def test_largest_n_on_a_card_applies_each_correction_in_turn():
     """Notebook 03's chain from the predicted largest N (8 GiB of tensors) to a real card's: each
     step a search over the predicted peak, each correction taking N down."""
