@@ -1,7 +1,7 @@
 """Every relative link of every notebook works under ``make lab``.
 
 JupyterLab serves only what lies under its root (``--ServerApp.root_dir``): a link that leaves it
-(``../exercises/05_inplace_relu.ipynb`` with the root at ``notebooks/``) is a 404 that the learner
+(``../exercises/05_inplace_relu_exercise.ipynb`` with the root at ``notebooks/``) is a 404 that the learner
 sees as a click that does nothing. The root is read from the Makefile's ``lab`` recipe, so these
 tests fail if ``make lab`` goes back to rooting JupyterLab at ``notebooks/``.
 """
