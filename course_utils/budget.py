@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .memory import MiB
-from .recorded import lookup, recorded_folder
+from .recorded import benchmark_files, lookup
+from .recorded import runs_folder as recorded_runs
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ def context_readings(runs_folder: str | Path | None = None) -> list[ContextReadi
     default: PyTorch sets ``CUDA_MODULE_LOADING=LAZY`` since 1.13, CUDA since 12.2 on Linux) the
     context grows as the process loads the kernels its steps use. Readings taken in a notebook
     kernel beside the kit's own process (notebook 00's table) count both and are left out."""
-    folder = Path(runs_folder) if runs_folder else recorded_folder().parent / "docs" / "gpu-runs"
+    folder = recorded_runs(runs_folder)
     found: dict[tuple, ContextReading] = {}
 
     def add(mib: float | None, meta: dict, when: str) -> None:
@@ -164,7 +165,7 @@ def context_readings(runs_folder: str | Path | None = None) -> list[ContextReadi
         data = json.loads(path.read_text())
         add(data.get("overheads", {}).get("context MiB"), data["machine"],
             "in the kit's limit step, after a first convolution")
-    for path in sorted([*folder.glob("*/benchmark-*.json"), *folder.glob("*/details/benchmark-*.json")]):
+    for path in benchmark_files(folder=folder):
         meta = json.loads(path.read_text())["meta"]
         net = path.stem.split("-")[1]
         add(benchmark_context_mib(meta), meta, f"before the benchmark of the {net} net")

@@ -29,7 +29,6 @@ import json
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -44,7 +43,7 @@ from torch.utils.checkpoint import (
 from .amp_rules import autocast_rules
 from .cost import ElementwiseBytes, SaveOnCpuMeter
 from .memory import catch_oom, cuda_peak, default_dtype, predict_step, require_cuda, target_spec
-from .recorded import ONLY_STEP, recorded_folder
+from .recorded import ONLY_STEP, benchmark_files
 from .train import training_step
 
 _CONV_OPS = {torch.ops.aten.convolution.default, torch.ops.aten.cudnn_convolution.default}
@@ -691,9 +690,8 @@ def recorded_benchmarks(net: str = "large", techniques: Sequence[str] | None = R
     pandas DataFrame; empty if no run is recorded."""
     import pandas as pd
 
-    root = Path(folder) if folder else recorded_folder().parent / "docs" / "gpu-runs"
     rows = []
-    for path in sorted([*root.glob(f"*/benchmark-{net}.json"), *root.glob(f"*/details/benchmark-{net}-*.json")]):
+    for path in benchmark_files(net, folder):
         data = json.loads(path.read_text())
         run = path.parent.parent.name if path.parent.name == "details" else path.parent.name
         meta = data["meta"]

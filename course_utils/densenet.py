@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
@@ -44,7 +43,7 @@ from . import session_cache
 from .checkpointing import checkpointed
 from .memory import predict_step
 from .memory.meters import storage_key
-from .recorded import recorded_folder
+from .recorded import runs_folder
 
 #: DenseNet-169 (torchvision's densenet169): growth 32, blocks (6, 12, 32, 32), bn_size 4,
 #: 64 initial features, compression 0.5
@@ -312,7 +311,7 @@ def recorded_kit_rows(task: str = KIT_TASK, folder=None):
     context the run measured at its start); an empty one if no run finished the task."""
     import pandas as pd
 
-    root = Path(folder) if folder else recorded_folder().parent / "docs" / "gpu-runs"
+    root = runs_folder(folder)
     found = []
     for path in sorted(root.glob("*/kit.json")):
         data = json.loads(path.read_text())

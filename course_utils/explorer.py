@@ -36,7 +36,6 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass, fields, replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -59,7 +58,7 @@ from .cost import (
 )
 from .inplace_abn import inplace_abn
 from .memory import GiB, MiB, default_dtype, predict_step, prime_optimizer
-from .recorded import recorded_folder
+from .recorded import benchmark_files
 from .train import training_step
 from .unet import SEED000_VARIANTS, UNet3D, bn_relu, bn_relu_inplace, default_channels
 
@@ -434,9 +433,8 @@ def recorded_benchmark(net: str = "large", runs_folder=None) -> RecordedBenchmar
     """The newest (by date) benchmark of ``net`` with measured rows among the GPU runs' records
     (``runs_folder``: default ``docs/gpu-runs/`` beside ``recorded.recorded_folder()``, which the
     learner's zip ships), or None."""
-    folder = Path(runs_folder) if runs_folder else recorded_folder().parent / "docs" / "gpu-runs"
     found = []
-    for path in sorted([*folder.glob(f"*/benchmark-{net}.json"), *folder.glob(f"*/details/benchmark-{net}-*.json")]):
+    for path in benchmark_files(net, runs_folder):
         data = json.loads(path.read_text())
         rows = [r for r in data["rows"] if r.get("measured peak MiB") is not None]
         if rows:

@@ -163,11 +163,10 @@ def recorded_backward_excess(folder=None):
     two rises cancels what was allocated before the step (65 MiB on the H200 run). A pandas
     DataFrame, one row per run and N; empty without a recorded run."""
     import json
-    from pathlib import Path
 
     import pandas as pd
 
-    folder = Path(folder) if folder else recorded.recorded_folder().parent / "docs" / "gpu-runs"
+    folder = recorded.runs_folder(folder)
     found = []
     for path in sorted(folder.glob("*/limit.json")):
         data = json.loads(path.read_text())
@@ -197,11 +196,10 @@ def recorded_diagnosis(folder=None):
     workspace). A pandas DataFrame, one row per setting, ``attrs["run"]`` naming the run; empty
     without a recording."""
     import json
-    from pathlib import Path
 
     import pandas as pd
 
-    folder = Path(folder) if folder else recorded.recorded_folder().parent / "docs" / "gpu-runs"
+    folder = recorded.runs_folder(folder)
     found = sorted(folder.glob("*/details/diagnose-seed003.json"))
     if not found:
         return pd.DataFrame()

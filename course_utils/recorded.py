@@ -359,7 +359,7 @@ def _run_parts(folder: Path, step: tuple[str, str] = STEP
         meta = meta or {k: str(data["machine"][k]) for k in ("gpu", "date", "torch", "cuda")}
         context = context if context is not None else data.get("overheads", {}).get("context MiB")
     net = step[0]
-    for path in sorted([*folder.glob(f"benchmark-{net}.json"), *folder.glob(f"details/benchmark-{net}-*.json")]):
+    for path in benchmark_files(net, folder.parent, run=folder.name):
         data = json.loads(path.read_text())
         rows = [] if folder.name in ONLY_STEP and step != ONLY_STEP[folder.name][0] else data["rows"]
         row = next((r for r in rows if (r.get("net"), r.get("technique")) == step
@@ -376,12 +376,26 @@ def _run_parts(folder: Path, step: tuple[str, str] = STEP
     return meta, context, None
 
 
+def runs_folder(folder: str | Path | None = None) -> Path:
+    """Where the GPU kit's runs are read from: ``folder``, or ``docs/gpu-runs/`` beside
+    ``recorded_folder()`` (the checkout's, or the one the learner's zip unpacked)."""
+    return Path(folder) if folder else recorded_folder().parent / "docs" / "gpu-runs"
+
+
+def benchmark_files(net: str = "*", folder: str | Path | None = None, run: str = "*") -> list[Path]:
+    """The benchmark records of ``net`` ("large", "small"; "*": both) in the runs ``run`` (a run's
+    folder name; "*": every run) under ``runs_folder(folder)``, sorted: a run's
+    ``benchmark-<net>.json`` and its kit's ``details/benchmark-<net>-<GPU>.json``."""
+    root = runs_folder(folder)
+    return sorted([*root.glob(f"{run}/benchmark-{net}.json"), *root.glob(f"{run}/details/benchmark-{net}-*.json")])
+
+
 def gpu_runs(folder: str | Path | None = None, step: tuple[str, str] = STEP) -> list[GpuRun]:
     """Every GPU run recorded under ``folder`` (by default ``docs/gpu-runs/`` beside
     ``recorded_folder()``), oldest first: the folders of one run (one GPU, one day, one torch: the
     kit resumes a run in several calls) merged into one ``GpuRun``, its ``step`` the benchmark's
     row for ``step`` = (net, technique), e.g. ``("small", "fp16 model (seed 000)")``."""
-    folder = Path(folder) if folder else recorded_folder().parent / "docs" / "gpu-runs"
+    folder = runs_folder(folder)
     runs: dict[tuple[str, ...], GpuRun] = {}
     for sub in sorted(p for p in folder.glob("*") if p.is_dir()) if folder.is_dir() else []:
         parts = _run_parts(sub, step)
