@@ -41,8 +41,6 @@ import sys
 import time
 from pathlib import Path
 
-from course_utils.layout import exercise_name, lesson_stem
-
 ROOT = Path(__file__).resolve().parent.parent
 SITE = ROOT / "site"
 BUILD = ROOT / "build"
@@ -502,6 +500,8 @@ def download_link(stem: str, what: str) -> str:
 
 def notebook_page(nb, stem: str, stems: list[str], exercises: set[str], info: dict, seconds: float,
                   pages: set[str], gpu: dict | None = None, times: dict | None = None) -> None:
+    from course_utils.layout import exercise_name  # lazy: course_utils imports torch, as this file's others wait
+
     i = stems.index(stem)
     line = setup_line(nb)
     gpu = gpu if gpu is not None else gpu_outputs(nb)
@@ -551,6 +551,8 @@ def exercise_page(nb, stem: str, notebooks: set[str], pages: set[str]) -> None:
             c.execution_count = None
         if c.cell_type == "markdown":
             c.source = fix_links(c.source, Path("exercises"), pages)
+    from course_utils.layout import lesson_stem  # lazy: course_utils imports torch
+
     lesson = lesson_stem(stem)
     back = f"[notebook {lesson}](../notebooks/{lesson}.ipynb)" if lesson in notebooks else "its notebook"
     insert_after_title(nb, md_cell(
@@ -620,6 +622,8 @@ def execute_all(nb_paths: list[Path], preset: str, fresh: bool, timeout: int, jo
 def assemble(preset: str, fresh: bool, timeout: int, jobs: int = 2, only: set[str] | None = None,
              recorded_dir: Path | None = None) -> tuple[list[str], dict]:
     import nbformat
+
+    from course_utils.layout import lesson_stem
 
     info = build_info(preset)
     nb_paths = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
