@@ -313,6 +313,11 @@ def marks_legend(batch: int) -> str:
             f"has more than 2^31 - 1 elements (64-bit indexing in CUDA kernels, not modelled)")
 
 
+def mark_sides(table, batch: int):
+    """``table`` of sides (``sides_table``'s) as text, each side with its ``side_mark`` at ``batch``."""
+    return table.apply(lambda col: [f"{s:,}{side_mark(s, batch)}" for s in col])
+
+
 def sides_table(models: dict[str, PixelModel], cards: Sequence[float] = CARDS_GIB,
                 batch: int = dn.SEED004_BATCH, accumulate: bool = False, marked: bool = False):
     """The largest trainable side per technique (rows) and card (columns): ``batch`` images per
@@ -326,9 +331,7 @@ def sides_table(models: dict[str, PixelModel], cards: Sequence[float] = CARDS_GI
     table = pd.DataFrame({f"{c} GB": [m.largest_side(budgets[c], step_batch, accumulate)
                                       for m in models.values()] for c in cards},
                          index=list(models))
-    if marked:
-        table = table.apply(lambda col: [f"{s:,}{side_mark(s, step_batch)}" for s in col])
-    return table
+    return mark_sides(table, step_batch) if marked else table
 
 
 def extrapolation_report(models: dict[str, PixelModel], cards: Sequence[float] = CARDS_GIB) -> dict:
@@ -354,10 +357,9 @@ def extrapolation_report(models: dict[str, PixelModel], cards: Sequence[float] =
              f"{far_label}: the hand count per pixel at {far_side:,}² is {change:+.2f} % of that at "
              f"{FULL_SIDE}² (the pools' rounding) [counted]"]
     return {"sides8": sides8, "sides1": sides1,
-            "marked8": sides_table(models, cards, marked=True).rename_axis(
+            "marked8": mark_sides(sides8, dn.SEED004_BATCH).rename_axis(
                 f"largest side, batch {dn.SEED004_BATCH} (predicted)"),
-            "marked1": sides_table(models, cards, accumulate=True, marked=True).rename_axis(
-                "largest side, batch 1 + accumulation (predicted)"),
+            "marked1": mark_sides(sides1, 1).rename_axis("largest side, batch 1 + accumulation (predicted)"),
             "int32": int32, "extrapolated": (out8, out1),
             "far": {"technique": far_label, "side": far_side, "change %": change}, "lines": lines}
 

@@ -184,7 +184,7 @@ def _seed004_full_resolution() -> tuple[str, str]:
 
     lo, hi = fr.CHECKED_SIDES
     sides = [m.largest_side(usable_bytes(16)) for m in (naive, best)]
-    outside = [s for s in sides if not lo <= s <= hi]
+    outside = [s for s in sides if fr.side_mark(s, dn.SEED004_BATCH)]
     past = f" ({', '.join(map(str, outside))} lies past the checked {lo}-{hi}: the line extrapolated)" if outside else ""
     return (f"at {side}^2, batch 8: {naive.peak(8, side) / gib:.1f} GiB naive fp32 ({smallest_card(naive, 8)}), "
             f"{best.peak(8, side) / gib:.1f} GiB memory-efficient + checkpoint per block, autocast fp16 "
