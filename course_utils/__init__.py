@@ -19,7 +19,7 @@ Layer 1 -- foundations: they import nothing of the course
 * ``cost``           -- what a step costs on a card: spec-sheet rates (``CARDS``), counted bytes
 * ``markdown``       -- link targets and code spans of Markdown, for the layout checks and the release
 * ``files``          -- ``atomic_write``: a file written whole or not at all
-* ``layout``         -- the course's file names: a lesson, its exercise (``NN_topic_exercise``), its solution
+* ``layout``         -- the course's file names (a lesson, its exercise ``NN_topic_exercise``, its solution) and titles
 * ``parallel_plots`` -- drawings for notebooks 08 and 09: per-rank memory, pipeline schedules
 * ``fit_examples``   -- ResNet-18 and -50 2D, ViT-tiny, a 1D conv net: networks the course does not teach
 * ``fit_published``  -- published GPU memory figures, and the networks they were measured on

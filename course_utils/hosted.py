@@ -40,7 +40,7 @@ from .allocator import caching_demo
 from .budget import overheads
 from .config import PRESETS
 from .explorer import PRECISIONS, Config, estimate
-from .layout import exercise_name
+from .layout import exercise_name, notebook_title
 from .limit_test import input_bytes, run_limit_test
 from .memory import GiB, MiB
 from .readme import replace_block
@@ -292,13 +292,6 @@ def build_wheel(out: Path, root: Path = ROOT) -> Path:
     return wheels[0]
 
 
-def _title(nb_path: Path) -> str:
-    """A notebook's title without its number: ``# 00 · GPU memory basics`` -> ``GPU memory basics``."""
-    first = json.loads(nb_path.read_text(encoding="utf-8"))["cells"][0]
-    line = _source(first).lstrip("# ").splitlines()[0]
-    return line.split("·", 1)[1].strip() if "·" in line else line
-
-
 def zip_readme(wheel_name: str, root: Path = ROOT) -> str:
     """The zip's README.md: what is in it, how to open it on Colab, Kaggle or a JupyterHub, the
     notebooks with their exercises and README's figures, every link to a file inside the zip."""
@@ -306,7 +299,7 @@ def zip_readme(wheel_name: str, root: Path = ROOT) -> str:
     for nb in sorted(root.glob("notebooks/[0-9][0-9]_*.ipynb")):
         ex = root / "exercises" / exercise_name(nb)
         exercise = f"[exercises/{ex.name}](exercises/{ex.name})" if ex.exists() else "-"
-        rows.append(f"| {nb.name[:2]} | [{_title(nb)}](notebooks/{nb.name}) | {exercise} |")
+        rows.append(f"| {nb.name[:2]} | [{notebook_title(nb)}](notebooks/{nb.name}) | {exercise} |")
     readme = (root / "README.md").read_text(encoding="utf-8")
     figures = re.search(r"<!-- BEGIN figures -->\n(.*?)<!-- END figures -->", readme, re.S)
     torch_dep = re.search(r'"(torch[<>=][^"]*)"', (root / "pyproject.toml").read_text(encoding="utf-8"))

@@ -5,12 +5,13 @@ generated from its solution ``solutions/NN_topic.ipynb``. The exercise's name di
 lesson's because JupyterLab titles a tab with the file's name only: a learner with the lesson and
 its exercise open side by side must be able to tell the two tabs apart. Every part of the course
 that names an exercise file (the generator, the scaffold, the student release, the site) asks this
-module.
+module, and ``notebook_title`` reads a lesson's title (the README tables, the zip's README).
 """
 
 from __future__ import annotations
 
-from pathlib import PurePath
+import json
+from pathlib import Path, PurePath
 
 #: what an exercise's file name adds to its lesson's stem
 EXERCISE_SUFFIX = "_exercise"
@@ -27,3 +28,9 @@ def exercise_name(name: str | PurePath) -> str:
     """The exercise's file name (in ``exercises/``) of a lesson or solution: ``07_checkpointing``
     or ``07_checkpointing.ipynb`` -> ``07_checkpointing_exercise.ipynb``."""
     return f"{lesson_stem(name)}{EXERCISE_SUFFIX}.ipynb"
+
+
+def notebook_title(path: str | Path) -> str:
+    """A notebook's title from its first cell's first line: '# 05 · In-place ReLU' -> 'In-place ReLU'."""
+    source = json.loads(Path(path).read_text(encoding="utf-8"))["cells"][0]["source"]
+    return "".join(source).splitlines()[0].lstrip("# ").split("·", 1)[-1].strip()

@@ -35,7 +35,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .layout import EXERCISE_SUFFIX, exercise_name, lesson_stem
+from .layout import EXERCISE_SUFFIX, exercise_name, lesson_stem, notebook_title
 from .markdown import links
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,8 +81,7 @@ def entries(root: Path = ROOT) -> list[Entry]:
 
 def title(root: Path, entry: Entry) -> str:
     """A notebook's title from its first heading: '# 05 · In-place ReLU' -> 'In-place ReLU'."""
-    first = _cells(root / entry.notebook)[0]["source"]
-    return "".join(first).splitlines()[0].lstrip("# ").split("·", 1)[-1].strip()
+    return notebook_title(root / entry.notebook)
 
 
 def _cells(path: Path) -> list[dict]:

@@ -2,7 +2,9 @@
 
 from pathlib import Path
 
-from course_utils.layout import EXERCISE_SUFFIX, exercise_name, lesson_stem
+import json
+
+from course_utils.layout import EXERCISE_SUFFIX, exercise_name, lesson_stem, notebook_title
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,3 +26,10 @@ def test_no_lesson_and_exercise_share_a_file_name():
     assert all(e.endswith(f"{EXERCISE_SUFFIX}.ipynb") for e in exercises)
     solutions = {p.name for p in (ROOT / "solutions").glob("[0-9][0-9]_*.ipynb")}
     assert {exercise_name(s) for s in solutions} == exercises  # one exercise per solution, by this module's rule
+
+
+def test_a_title_is_the_first_heading_without_its_number(tmp_path):
+    for first, title in (("# 05 · In-place ReLU\n\n> a quote", "In-place ReLU"), ("# Draft", "Draft")):
+        path = tmp_path / "nb.ipynb"
+        path.write_text(json.dumps({"cells": [{"cell_type": "markdown", "source": [first]}]}))
+        assert notebook_title(path) == title
