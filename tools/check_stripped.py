@@ -66,7 +66,11 @@ def repository_notebooks(root: Path = ROOT) -> list[Path]:
 
 def problems(path: Path) -> list[str]:
     """What is not stripped in one notebook, one line per cell."""
-    nb = json.loads(path.read_text())
+    return output_problems(json.loads(path.read_text()))
+
+
+def output_problems(nb: dict) -> list[str]:
+    """``problems`` of a notebook already read."""
     found = []
     for i, cell in enumerate(nb.get("cells", [])):
         if cell.get("cell_type") != "code":
@@ -127,12 +131,12 @@ def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
               + "".join(f"\n  {_name(p)}" for p in changed))
         return 0
     paths = [Path(a).resolve() for a in argv] or repository_notebooks(root)
-    bad = {p: problems(p) for p in paths}
-    bad = {p: b for p, b in bad.items() if b}
+    notebooks = {p: json.loads(p.read_text()) for p in paths}
+    bad = {p: b for p, nb in notebooks.items() if (b := output_problems(nb))}
     for p, b in bad.items():
         shown = "; ".join(b[:3]) + (f"; ... {len(b) - 3} more" if len(b) > 3 else "")
         print(f"{_name(p)}: not stripped ({shown})")
-    meta = {p: m for p in paths if (m := metadata_problems(json.loads(p.read_text())))}
+    meta = {p: m for p, nb in notebooks.items() if (m := metadata_problems(nb))}
     for p, m in meta.items():
         print(f"{_name(p)}: opening it in JupyterLab would rewrite it: {'; '.join(m)}")
     if bad:
