@@ -157,17 +157,19 @@ def whole_batch_saved_bytes(config: dict) -> int:
     return meter.peak
 
 
-def accumulated_grads(config: dict, micro_batches: int, use: int | None = None) -> list[torch.Tensor]:
+def accumulated_grads(config: dict, micro_batches: int, use: int | None = None,
+                      device: torch.device | str = "cpu") -> list[torch.Tensor]:
     """Gradient accumulation on one device: the global batch in ``micro_batches`` pieces, each
     loss divided by their number, one optimizer step's worth of gradients. With BatchNorm this is
     also exactly what ``micro_batches`` DDP replicas compute (each normalises with its own
     shard's statistics; DDP averages their gradients). ``use``: only the first ``use`` pieces
-    (what a pipeline that lost the others would compute)."""
-    net = build_net(config)
+    (what a pipeline that lost the others would compute). On ``device`` (the gradients come back
+    on the CPU)."""
+    net = build_net(config).to(device)
     x, y = global_batch(config)
     for xs, ys in list(zip(x.chunk(micro_batches), y.chunk(micro_batches), strict=True))[:use]:
-        (nn.functional.cross_entropy(net(xs), ys) / micro_batches).backward()
-    return [p.grad.clone() for p in net.parameters()]
+        (nn.functional.cross_entropy(net(xs.to(device)), ys.to(device)) / micro_batches).backward()
+    return [p.grad.detach().cpu().clone() for p in net.parameters()]
 
 
 def per_replica_bn_errors(seeds: Sequence[int], world: int = 2, config: dict | None = None) -> list[float]:

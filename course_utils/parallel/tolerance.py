@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..tf32 import emulate_tf32, exact_fp32
-from .data_parallel import build_net, global_batch, relative_error, single_process_grads
+from .data_parallel import accumulated_grads, build_net, global_batch, relative_error, single_process_grads
 from .launcher import backend_for
 
 # Branches: a ReLU's kink and a max-pool window's winner. Where a value sits within rounding of
@@ -160,12 +160,8 @@ def ranks_order_grads(config: dict, micro_batches: int, world_size: int = 2) -> 
     whose ``branch_margin`` is below 1 (where two fp32 computations in different orders can
     differ by 1e-4, ``reference_grads``). Returned on the CPU."""
     device = torch.device("cuda", 0) if backend_for(world_size)[1] == "cuda" else torch.device("cpu")
-    net = build_net(config).to(device)
-    x, y = global_batch(config)
     with exact_fp32(), (_threads(1) if device.type == "cpu" else contextlib.nullcontext()):
-        for xs, ys in zip(x.chunk(micro_batches), y.chunk(micro_batches), strict=True):
-            (nn.functional.cross_entropy(net(xs.to(device)), ys.to(device)) / micro_batches).backward()
-    return [p.grad.detach().cpu().clone() for p in net.parameters()]
+        return accumulated_grads(config, micro_batches, device=device)
 
 
 def tf32_errors(config: dict, device: torch.device | str = "cpu") -> list[dict]:
