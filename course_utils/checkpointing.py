@@ -341,21 +341,14 @@ def step_counts(build: Callable[[], nn.Module], input_shape: Sequence[int], *, n
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
-
-    classify, target_shape, loss_fn = target_spec(tuple(input_shape), None, None, None)
+    _, target_shape, loss_fn = target_spec(tuple(input_shape), None, None, None)
     meter, traffic = SaveOnCpuMeter(), ElementwiseBytes()
     with offload_suspended(), default_dtype(dtype), FakeTensorMode(), \
             autocast_rules("cuda" if autocast_dtype else None):
         model = build()
         x = torch.randn(tuple(input_shape))
         target = torch.randint(0, n_classes, target_shape)
-        forward = model.forward
-
-        def offloaded_forward(*args):  # where UNet3D runs save_on_cpu: around its forward
-            with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
-                return forward(*args)
-
-        model.forward = offloaded_forward
+        meter.watch(model)
         with FlopCounterMode(display=False) as flops, traffic:
             training_step(model, x, target, None, loss_fn=loss_fn, autocast_dtype=autocast_dtype)
         del model, x, target

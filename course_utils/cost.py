@@ -165,6 +165,17 @@ class SaveOnCpuMeter:
     def unpack(handle: _Saved) -> torch.Tensor:
         return handle.t
 
+    def watch(self, model: torch.nn.Module) -> None:
+        """Count what ``save_on_cpu`` would copy if it wrapped ``model``'s forward, as UNet3D's
+        offload does: ``model.forward`` now runs under this meter's pack and unpack hooks."""
+        forward = model.forward
+
+        def offloaded_forward(*args):
+            with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
+                return forward(*args)
+
+        model.forward = offloaded_forward
+
 
 class _Saved:
     __slots__ = ("t", "__weakref__")

@@ -535,13 +535,7 @@ def _traffic(key: tuple) -> dict[str, Any]:
         y = torch.randint(0, 5, (PROBE_BATCH, *cfg.volume))
         opt = torch.optim.Adam(model.parameters(), foreach=True)
         prime_optimizer(model, opt)
-        forward = model.forward
-
-        def offloaded_forward(*args):  # save_on_cpu wraps the model's forward (UNet3D.forward)
-            with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
-                return forward(*args)
-
-        model.forward = offloaded_forward
+        meter.watch(model)
         with counter:
             training_step(model, x, y, opt, autocast_dtype=ac)
         del model, x, y, opt
