@@ -634,6 +634,11 @@ def seeded(seed: int, *salt: int) -> torch.Generator:
     return g
 
 
+def drawn_int(g: torch.Generator, lo: int, hi: int) -> int:
+    """One integer in ``[lo, hi)`` drawn from a part's generator (``seeded``)."""
+    return int(torch.randint(lo, hi, (1,), generator=g))
+
+
 def seeded_build(build: Callable[[], Any], generator: torch.Generator) -> Any:
     """``build()`` with torch's global RNG seeded by one draw from ``generator``, then the global
     RNG put back: the same initial weights in the sandbox and in the judge, whatever ran before."""

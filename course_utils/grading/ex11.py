@@ -15,19 +15,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 
 from ..budget import BatchModel, Overheads, fixed_bytes
-from .core import CheckFailed, Exercise, expect_equal, expect_int, expect_list, reference, seeded
+from .core import CheckFailed, Exercise, drawn_int, expect_equal, expect_int, expect_list, reference, seeded
 
 EX = Exercise("11", "Your network", names=("fixed_and_per_sample", "largest_batch", "cheapest_fit"))
 
 MIB = 2**20
 CARDS = (8, 16, 24, 40, 80)
-
-
-def _int(g: torch.Generator, lo: int, hi: int) -> int:
-    return int(torch.randint(lo, hi, (1,), generator=g))
 
 
 def breakdown_cases(seed: int) -> list[tuple[dict[str, int], int]]:
@@ -37,12 +32,12 @@ def breakdown_cases(seed: int) -> list[tuple[dict[str, int], int]]:
              "Activation": 6_270_795_264, "Temp": 238_551_552, "Other": 8_388_608, "Total": 6_719_644_672}, 6)]
     g = seeded(seed, 110)
     for _ in range(5):
-        p = _int(g, 1_000, 2_000_000) * 512
-        b = {"Parameter": p, "Buffer": _int(g, 0, 20_000) * 512, "Gradient": _int(g, 0, p // 512 + 1) * 512,
-             "Optstate": 2 * p, "Activation": _int(g, 10_000, 20_000_000) * 512,
-             "Temp": _int(g, 0, 2_000_000) * 512, "Other": _int(g, 1, 100_000) * 512}
+        p = drawn_int(g, 1_000, 2_000_000) * 512
+        b = {"Parameter": p, "Buffer": drawn_int(g, 0, 20_000) * 512, "Gradient": drawn_int(g, 0, p // 512 + 1) * 512,
+             "Optstate": 2 * p, "Activation": drawn_int(g, 10_000, 20_000_000) * 512,
+             "Temp": drawn_int(g, 0, 2_000_000) * 512, "Other": drawn_int(g, 1, 100_000) * 512}
         b["Total"] = sum(b.values())
-        batch = _int(g, 3, 65)
+        batch = drawn_int(g, 3, 65)
         while (b["Total"] - fixed_bytes(b)) % batch == 0:
             batch += 1
         out.append((b, batch))
@@ -64,8 +59,8 @@ def card_cases(seed: int) -> list[tuple[int, int, float, float, float]]:
     out = [exact, (9 * 2**30, 100 * MIB, 8, 500.0, 0.1)]
     g = seeded(seed, 111)
     for _ in range(6):
-        out.append((_int(g, 1, 4_000) * MIB, _int(g, 1, 3_000) * MIB, CARDS[_int(g, 0, len(CARDS))],
-                    float(_int(g, 300, 900)), _int(g, 0, 25) / 100))
+        out.append((drawn_int(g, 1, 4_000) * MIB, drawn_int(g, 1, 3_000) * MIB, CARDS[drawn_int(g, 0, len(CARDS))],
+                    float(drawn_int(g, 300, 900)), drawn_int(g, 0, 25) / 100))
     return out
 
 
@@ -86,14 +81,14 @@ def option_cases(seed: int) -> list[tuple[list[tuple[str, int, float]], float, f
              ("selective", 6000 * MIB, 1.1)], 8, 512.0, 0.1)]
     g = seeded(seed, 112)
     for k in range(5):
-        card, context, slack = CARDS[_int(g, 0, 3)], float(_int(g, 300, 900)), _int(g, 0, 20) / 100
+        card, context, slack = CARDS[drawn_int(g, 0, 3)], float(drawn_int(g, 300, 900)), drawn_int(g, 0, 20) / 100
         usable = Overheads(context, slack, "").usable(card * 2**30)
         scale = 3.0 if k == 4 else 1.0  # the last table: every option too big
-        opts = [(n, int(usable * scale * (0.6 + _int(g, 0, 80) / 100)) // 512 * 512,
-                 round(0.5 + _int(g, 0, 110) / 100, 2)) for n in names[:_int(g, 4, len(names) + 1)]]
+        opts = [(n, int(usable * scale * (0.6 + drawn_int(g, 0, 80) / 100)) // 512 * 512,
+                 round(0.5 + drawn_int(g, 0, 110) / 100, 2)) for n in names[:drawn_int(g, 4, len(names) + 1)]]
         # the baseline: time 1 by definition, and most often too big for the card
-        opts[0] = (opts[0][0], int(usable * scale * (0.9 + _int(g, 0, 60) / 100)) // 512 * 512, 1.0)
-        opts.append(("twin of " + opts[1][0], opts[1][1] + 512 * _int(g, 1, 50), opts[1][2]))  # same time, more memory
+        opts[0] = (opts[0][0], int(usable * scale * (0.9 + drawn_int(g, 0, 60) / 100)) // 512 * 512, 1.0)
+        opts.append(("twin of " + opts[1][0], opts[1][1] + 512 * drawn_int(g, 1, 50), opts[1][2]))  # same time, more memory
         out.append((opts, card, context, slack))
     return out
 

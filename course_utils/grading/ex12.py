@@ -28,7 +28,7 @@ import torch
 from .. import densenet as dn
 from ..densenet_spatial import aligned_height
 from ..full_resolution import CARDS_GIB, FULL_SIDE, SIDE_STEP, PixelModel
-from .core import CheckFailed, Exercise, describe, expect_int, expect_list, reference, seeded
+from .core import CheckFailed, Exercise, describe, drawn_int, expect_int, expect_list, reference, seeded
 
 EX = Exercise("12", "DenseNet at full resolution", names=("pixel_line", "largest_side", "per_gpu_bytes"),
               refused={"course_utils.full_resolution": ("PixelModel",),
@@ -38,10 +38,6 @@ GIB = 2**30
 MIB = 2**20
 #: the batches the cases draw from (seed 004 trained batch 8)
 BATCHES = (1, 2, 4, 8, 16)
-
-
-def _int(g: torch.Generator, lo: int, hi: int) -> int:
-    return int(torch.randint(lo, hi, (1,), generator=g))
 
 
 def _uniform(g: torch.Generator, lo: float, hi: float, digits: int) -> float:
@@ -57,7 +53,7 @@ def densenet169_fixed() -> int:
 def _line(g: torch.Generator) -> tuple[int, float]:
     """A drawn line: fixed from 100 MiB to 2 GiB (whole 512-byte blocks), per_pixel from 200 to
     4,000 bytes (notebook 12's techniques, fp16 and fp32, lie in this range)."""
-    return _int(g, 100 * MIB // 512, 2 * GIB // 512) * 512, _uniform(g, 200.0, 4000.0, 3)
+    return drawn_int(g, 100 * MIB // 512, 2 * GIB // 512) * 512, _uniform(g, 200.0, 4000.0, 3)
 
 
 # -- pixel_line(point_a, point_b) -----------------------------------------------------------------
@@ -72,7 +68,7 @@ def line_cases(seed: int) -> list[tuple[Point, Point]]:
     lines = [(densenet169_fixed(), _uniform(g, 200.0, 4000.0, 3))] + [_line(g) for _ in range(4)]
     shapes = [((1, FULL_SIDE), (8, dn.SEED004_IMAGE[0]))]
     while len(shapes) < len(lines):
-        a, b = [(BATCHES[_int(g, 0, len(BATCHES))], SIDE_STEP * _int(g, 8, 129)) for _ in range(2)]
+        a, b = [(BATCHES[drawn_int(g, 0, len(BATCHES))], SIDE_STEP * drawn_int(g, 8, 129)) for _ in range(2)]
         if a[0] * a[1] ** 2 != b[0] * b[1] ** 2:
             shapes.append((a, b))
     return [tuple((b, s, round(fixed + b * s * s * per_pixel)) for b, s in pair)
@@ -138,10 +134,10 @@ def side_cases(seed: int) -> list[SideCase]:
     lines = [(densenet169_fixed(), _uniform(g, 200.0, 4000.0, 3))] + [_line(g) for _ in range(4)]
     out = []
     for k, (fixed, per_pixel) in enumerate(lines):
-        budget = round(CARDS_GIB[_int(g, 0, len(CARDS_GIB))] - _uniform(g, 0.3, 1.5, 2), 2)
+        budget = round(CARDS_GIB[drawn_int(g, 0, len(CARDS_GIB))] - _uniform(g, 0.3, 1.5, 2), 2)
         if fixed >= budget * GIB:
             budget = round(CARDS_GIB[-1] - _uniform(g, 0.3, 1.5, 2), 2)
-        out.append((fixed, per_pixel, budget, dn.SEED004_BATCH if k == 0 else BATCHES[_int(g, 0, len(BATCHES))]))
+        out.append((fixed, per_pixel, budget, dn.SEED004_BATCH if k == 0 else BATCHES[drawn_int(g, 0, len(BATCHES))]))
     return out
 
 
@@ -153,8 +149,8 @@ def edge_cases(seed: int) -> list[SideCase]:
     cases: list[SideCase] = [(4 * GIB, 2048.0, 8.0, 2), (9 * GIB, 1000.0, 8.0, 1), (8 * GIB - 512, 300.0, 8.0, 1)]
     # drawn: fixed and per_pixel in whole bytes, batch x side^2 x per_pixel then a whole number of
     # KiB, so that the budget (the peak at that side, in GiB) is exact in floats
-    batch, side, per_pixel = BATCHES[_int(g, 0, len(BATCHES))], SIDE_STEP * _int(g, 8, 65), _int(g, 200, 4001)
-    fixed = _int(g, 100, 2048) * MIB
+    batch, side, per_pixel = BATCHES[drawn_int(g, 0, len(BATCHES))], SIDE_STEP * drawn_int(g, 8, 65), drawn_int(g, 200, 4001)
+    fixed = drawn_int(g, 100, 2048) * MIB
     cases.append((fixed, float(per_pixel), (fixed + batch * side * side * per_pixel) / GIB, batch))
     return cases
 
@@ -236,9 +232,9 @@ def split_cases(seed: int, padded: bool) -> list[SplitCase]:
         out = [(fixed0, per_pixel0, dn.SEED004_BATCH, -(-FULL_SIDE // step) * step, FULL_SIDE, 8)]
     while len(out) < 5:
         fixed, per_pixel = _line(g)
-        gpus, batch, width = GPUS[_int(g, 0, len(GPUS))], BATCHES[_int(g, 0, len(BATCHES))], _int(g, 256, 4097)
+        gpus, batch, width = GPUS[drawn_int(g, 0, len(GPUS))], BATCHES[drawn_int(g, 0, len(BATCHES))], drawn_int(g, 256, 4097)
         step = SIDE_STEP * gpus
-        height = _int(g, 256, 4097) if padded else step * _int(g, max(1, 256 // step), 4096 // step + 1)
+        height = drawn_int(g, 256, 4097) if padded else step * drawn_int(g, max(1, 256 // step), 4096 // step + 1)
         if (height % step != 0) == padded:
             out.append((fixed, per_pixel, batch, height, width, gpus))
     return out
