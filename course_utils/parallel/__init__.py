@@ -37,7 +37,7 @@ Where things are (every name below is also importable from ``course_utils.parall
   ``ranks_order_grads`` (fp32 in the ranks' own arithmetic), ``tf32_errors``, ``tf32_branches``,
   ``branch_margin``;
 * ``fsdp``          -- ``fsdp_worker``, ``fsdp_units``, ``fsdp_unit_names``, ``fsdp_rank_memory``,
-  ``fsdp_backward_moments``, ``BACKWARD_PREFETCH``, ``moments_table`` and ``fsdp_timeline`` (notebook 08's
+  ``fsdp_backward_moments``, ``fsdp_forward_moments``, ``BACKWARD_PREFETCH``, ``moments_table`` and ``fsdp_timeline`` (notebook 08's
   table and time line);
 * ``pipeline``      -- ``EncoderStage``, ``DecoderStage``, ``TwoStageUNet``,
   ``split_and_reference``, ``schedule_order``, ``replay_schedule``, ``gpipe_idle``, ``bubble_table``,
@@ -71,6 +71,7 @@ from .data_parallel import (
 from .fsdp import (
     BACKWARD_PREFETCH,
     fsdp_backward_moments,
+    fsdp_forward_moments,
     fsdp_rank_memory,
     fsdp_timeline,
     fsdp_unit_names,
@@ -121,7 +122,7 @@ __all__ = [
     "NORMS", "CrossReplicaBatchNorm3d", "accumulated_grads", "build_net", "cross_replica_bn_relu",
     "ddp_worker", "global_batch", "gn_relu", "norm_worker", "per_replica_bn_errors", "relative_error",
     "relu_only", "single_process_grads", "state_bytes", "whole_batch_saved_bytes",
-    "BACKWARD_PREFETCH", "fsdp_backward_moments", "fsdp_rank_memory", "fsdp_timeline", "fsdp_unit_names",
+    "BACKWARD_PREFETCH", "fsdp_backward_moments", "fsdp_forward_moments", "fsdp_rank_memory", "fsdp_timeline", "fsdp_unit_names",
     "fsdp_units", "fsdp_worker", "moments_table",
     "COLLECTIVE_TIMEOUT_S", "LaunchError", "LaunchTimeout", "backend_for", "compared",
     "launch", "launch_many", "leave_without_teardown", "rendezvous_store",

@@ -76,6 +76,19 @@ def fsdp_backward_moments(net: nn.Module, units: Sequence[nn.Module], world: int
     return rows
 
 
+def fsdp_forward_moments(net: nn.Module, units: Sequence[nn.Module], bytes_per_value: int = 4) -> list[dict]:
+    """Per unit, in forward order, the parameter bytes a rank holds besides its shards while the
+    unit runs forward (computed from the units' sizes): the unit gathered with the root's
+    parameters (those of no unit), and the flat all-gather output FSDP2 keeps until the next
+    unit's all-gather (``FSDPParamGroup.wait_for_unshard``): the unit's own, or the previous
+    unit's where that is larger."""
+    sizes = [_n_params(u) for u in units]
+    root = _n_params(net) - sum(sizes)
+    return [{"gathered params": (s + root) * bytes_per_value,
+             "all-gather buffer": max(s, sizes[k - 1] if k else 0) * bytes_per_value}
+            for k, s in enumerate(sizes)]
+
+
 def fsdp_rank_memory(net: nn.Module, units: Sequence[nn.Module], world: int,
                      bytes_per_value: int = 4, optimizer_states: int = 2,
                      backward_prefetch: int = BACKWARD_PREFETCH) -> dict[str, float]:
@@ -106,8 +119,8 @@ def fsdp_rank_memory(net: nn.Module, units: Sequence[nn.Module], world: int,
     top = max(moments, key=lambda m: m["total"])
     no_prefetch = max(m["total"] - m["prefetched params"] for m in moments)
     extra = top["gathered params"] + top["prefetched params"] + top["unsharded grads"] + top["reduce-scatter input"]
-    forward = rest["params"] + rest["optimizer"] + root * b + max(
-        (s + max(s, sizes[k - 1] if k else 0)) * b for k, s in enumerate(sizes))
+    forward = rest["params"] + rest["optimizer"] + max(
+        m["gathered params"] + m["all-gather buffer"] for m in fsdp_forward_moments(net, units, b))
     return {**{f"rest {k}": v for k, v in rest.items()},
             "resting": sum(rest.values()),
             "working unit": top["unit"],
@@ -152,11 +165,8 @@ def fsdp_timeline(net: UNet3D, world: int) -> list[tuple[str, dict[str, float]]]
     figures (its ``forward`` and ``working``). For ``parallel_plots.plot_memory_timeline``."""
     units, names = fsdp_units(net), fsdp_unit_names(net)
     rank = fsdp_rank_memory(net, units, world)
-    sizes = [4 * _n_params(u) for u in units]
-    root = 4 * _n_params(net) - sum(sizes)
     shards = {"params": rank["rest params"], "optimizer": rank["rest optimizer"]}
-    forward = [(f"F {name}", {**shards, "gathered params": s + root, "all-gather buffer": max(s, sizes[k - 1] if k else 0)})
-               for k, (name, s) in enumerate(zip(names, sizes, strict=True))]
+    forward = [(f"F {name}", {**shards, **m}) for name, m in zip(names, fsdp_forward_moments(net, units), strict=True)]
     backward = [(f"B {names[m['unit']]}", {**shards, "params": m["sharded params"], "grads": m["reduced grads"],
                  "gathered params": m["gathered params"], "prefetched params": m["prefetched params"],
                  "unsharded grads": m["unsharded grads"] + m["reduce-scatter input"]})
