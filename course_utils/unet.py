@@ -353,6 +353,13 @@ def count_parameters(model: nn.Module, trainable_only: bool = True) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
 
 
+def named_blocks(model: UNet3D) -> list[tuple[str, nn.Module]]:
+    """The U-Net's blocks in forward order, by the names the course's tables use: ``inc``,
+    ``downs.k``, ``ups.k``, ``outc``."""
+    return [("inc", model.inc), *[(f"downs.{k}", m) for k, m in enumerate(model.downs)],
+            *[(f"ups.{k}", m) for k, m in enumerate(model.ups)], ("outc", model.outc)]
+
+
 def level_shapes(model: UNet3D, volume: Sequence[int], batch: int = 1) -> list[tuple[str, tuple[int, ...]]]:
     """Output shape of every block (inc, downs.k, ups.k, outc), computed on a meta-device copy
     of ``model``: no memory is used, so any volume works, seed 000's full size included."""
@@ -360,11 +367,7 @@ def level_shapes(model: UNet3D, volume: Sequence[int], batch: int = 1) -> list[t
     x = torch.empty(batch, meta.in_channels, *volume, device="meta")
     meta.check_input(x)
     rows: list[tuple[str, tuple[int, ...]]] = []
-    blocks = [("inc", meta.inc)]
-    blocks += [(f"downs.{k}", m) for k, m in enumerate(meta.downs)]
-    blocks += [(f"ups.{k}", m) for k, m in enumerate(meta.ups)]
-    blocks += [("outc", meta.outc)]
-    for name, m in blocks:
+    for name, m in named_blocks(meta):
         m.register_forward_hook(lambda mod, i, o, n=name: rows.append((n, tuple(o.shape))))  # noqa: ARG005 - forward hook
     with torch.no_grad():
         meta(x)
@@ -376,13 +379,11 @@ def block_table(model: UNet3D, volume: Sequence[int], batch: int = 2,
     """Per block (inc, downs.k, ups.k, outc): parameters, output shape, output resolution and the
     output's bytes in ``dtype`` at ``volume`` -- computed on the meta device."""
     size = torch.empty((), dtype=dtype).element_size()
-    blocks = [("inc", model.inc)] + [(f"downs.{k}", m) for k, m in enumerate(model.downs)]
-    blocks += [(f"ups.{k}", m) for k, m in enumerate(model.ups)] + [("outc", model.outc)]
     shapes = dict(level_shapes(model, volume, batch))
     return [{"block": name, "side": block_side(name), "parameters": count_parameters(m),
              "output shape": shapes[name], "resolution": "x".join(map(str, shapes[name][2:])),
              "channels": shapes[name][1], "output bytes": math.prod(shapes[name]) * size}
-            for name, m in blocks]
+            for name, m in named_blocks(model)]
 
 
 def block_side(block: str) -> str:

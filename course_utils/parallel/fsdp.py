@@ -10,7 +10,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ..unet import UNet3D
+from ..unet import UNet3D, named_blocks
 from .data_parallel import build_net, global_batch, state_bytes
 from .launcher import compared
 
@@ -18,7 +18,7 @@ from .launcher import compared
 def fsdp_units(net: UNet3D) -> list[nn.Module]:
     """The blocks the FSDP demos shard as units (each gathered while it runs): ``inc``, every
     ``Down`` and every ``Up``. What is left (``outc``) belongs to the root unit."""
-    return [net.inc, *net.downs, *net.ups]
+    return [m for name, m in named_blocks(net) if name != "outc"]
 
 
 def _n_params(module: nn.Module) -> int:
@@ -136,7 +136,7 @@ def fsdp_rank_memory(net: nn.Module, units: Sequence[nn.Module], world: int,
 
 def fsdp_unit_names(net: UNet3D) -> list[str]:
     """The names of ``fsdp_units(net)``, in forward order: ``inc``, ``downs.0`` ..., ``ups.0`` ..."""
-    return ["inc", *[f"downs.{i}" for i in range(len(net.downs))], *[f"ups.{i}" for i in range(len(net.ups))]]
+    return [name for name, _ in named_blocks(net) if name != "outc"]
 
 
 def moments_table(net: UNet3D, measured: Sequence[dict], world: int):
