@@ -92,7 +92,7 @@ from .budget import fixed_bytes
 from .densenet import DENSENET169, SEED004_CLASSES, DenseLayer, DenseNet
 from .memory import default_dtype, mib, predict_step
 from .numerics import combine_moments, update_running_stats
-from .parallel import compared, launch
+from .parallel import all_gather, compared, launch
 from .spatial import EXCHANGED, HaloExchange, all_reduce_sum, conv_with_halos
 
 #: the net's total stride: stem conv (2) x max-pool (2) x 3 transitions (2 each)
@@ -150,13 +150,9 @@ def _sum_over_ranks(t: torch.Tensor, direction: str) -> torch.Tensor:
 
 def _gather_over_ranks(t: torch.Tensor, direction: str) -> torch.Tensor:
     """Every rank's ``t`` (1-d) as the rows of a (world, len) tensor; no autograd (the caller's
-    backward is written by hand). torch 2.13 renamed ``all_gather_tensor`` (2.11, 2.12) to
-    ``all_gather_single`` and deprecated the old name: take whichever this torch has."""
-    from torch.distributed import _functional_collectives as fc
-
+    backward is written by hand)."""
     REDUCED[direction] += t.numel() * t.element_size()
-    gather = getattr(fc, "all_gather_single", None) or fc.all_gather_tensor
-    return gather(t, 0, dist.group.WORLD).view(-1, t.numel())
+    return all_gather(t, autograd=False).view(-1, t.numel())
 
 
 def strip_moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

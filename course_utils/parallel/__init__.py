@@ -32,7 +32,8 @@ Where things are (every name below is also importable from ``course_utils.parall
   ``_Output``, ``_dump_stacks``, ``_stop``, ``_diagnose``);
 * ``data_parallel`` -- ``ddp_worker``, ``CrossReplicaBatchNorm3d``, ``norm_worker``, the demos'
   net and batch (``build_net``, ``NORMS``, ``global_batch``), ``single_process_grads``,
-  ``accumulated_grads``, ``per_replica_bn_errors``, ``relative_error``, ``whole_batch_saved_bytes``;
+  ``accumulated_grads``, ``per_replica_bn_errors``, ``relative_error``, ``whole_batch_saved_bytes``,
+  ``all_gather`` (across torch's rename of its functional all-gather);
 * ``tolerance``     -- ``reference_grads`` (float64 reference, fp32's error against it),
   ``ranks_order_grads`` (fp32 in the ranks' own arithmetic), ``tf32_errors``, ``tf32_branches``,
   ``branch_margin``;
@@ -55,6 +56,7 @@ from .data_parallel import (
     NORMS,
     CrossReplicaBatchNorm3d,
     accumulated_grads,
+    all_gather,
     build_net,
     cross_replica_bn_relu,
     ddp_worker,
@@ -119,7 +121,7 @@ from .tolerance import branch_margin, ranks_order_grads, reference_grads, tf32_b
 __all__ = [
     "failing_worker", "main", "source_worker", "stuck_worker", "torchrun_backend", "torchrun_command",
     "train_worker",
-    "NORMS", "CrossReplicaBatchNorm3d", "accumulated_grads", "build_net", "cross_replica_bn_relu",
+    "NORMS", "CrossReplicaBatchNorm3d", "accumulated_grads", "all_gather", "build_net", "cross_replica_bn_relu",
     "ddp_worker", "global_batch", "gn_relu", "norm_worker", "per_replica_bn_errors", "relative_error",
     "relu_only", "single_process_grads", "state_bytes", "whole_batch_saved_bytes",
     "BACKWARD_PREFETCH", "fsdp_backward_moments", "fsdp_forward_moments", "fsdp_rank_memory", "fsdp_timeline", "fsdp_unit_names",

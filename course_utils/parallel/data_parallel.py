@@ -18,13 +18,15 @@ from ..unet import UNet3D
 from .launcher import compared
 
 
-def _all_gather_autograd(t: torch.Tensor) -> torch.Tensor:
-    """Every rank's ``t`` concatenated along dim 0, with a backward (a reduce-scatter of the
-    gradient). torch 2.13 renamed ``all_gather_tensor_autograd`` (2.11, 2.12) to
-    ``all_gather_single_autograd`` and deprecated the old name: take whichever this torch has."""
+def all_gather(t: torch.Tensor, autograd: bool = True) -> torch.Tensor:
+    """Every rank's ``t`` concatenated along dim 0; with ``autograd``, with a backward (a
+    reduce-scatter of the gradient). torch 2.13 renamed ``all_gather_tensor[_autograd]`` (2.11,
+    2.12) to ``all_gather_single[_autograd]`` and deprecated the old names: take whichever this
+    torch has."""
     from torch.distributed import _functional_collectives as fc
 
-    gather = getattr(fc, "all_gather_single_autograd", None) or fc.all_gather_tensor_autograd
+    suffix = "_autograd" if autograd else ""
+    gather = getattr(fc, f"all_gather_single{suffix}", None) or getattr(fc, f"all_gather_tensor{suffix}")
     return gather(t, 0, dist.group.WORLD)
 
 
@@ -60,7 +62,7 @@ class CrossReplicaBatchNorm3d(nn.BatchNorm3d):
         mean_r = xf.mean(dims)
         m2_r = (xf - mean_r.view(shape)).square().sum(dims)
         count_r = torch.full((1,), float(x.numel() // c), dtype=mean_r.dtype, device=x.device)
-        stats = _all_gather_autograd(torch.cat([count_r, mean_r, m2_r]))
+        stats = all_gather(torch.cat([count_r, mean_r, m2_r]))
         stats = stats.view(world, 2 * c + 1)
         n, mean, var = combine_moments(stats[:, :1], stats[:, 1:c + 1], stats[:, c + 1:])  # var: biased
         update_running_stats(self, mean, var, int(n.item()))
