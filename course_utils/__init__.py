@@ -18,6 +18,9 @@ Layer 1 -- foundations: they import nothing of the course
 * ``tf32``           -- TF32: ``exact_fp32()`` for comparisons, ``emulate_tf32()`` for CI
 * ``cost``           -- what a step costs on a card: spec-sheet rates (``CARDS``), counted bytes
 * ``markdown``       -- link targets and code spans of Markdown, for the layout checks and the release
+* ``checks``         -- bad input refused where it is made: ``CourseError`` and one subclass per
+                        module family, the fix in every message; ``guard`` checks every public
+                        function's arguments against its annotations
 * ``files``          -- ``atomic_write``: a file written whole or not at all
 * ``layout``         -- the course's file names (a lesson, its exercise ``NN_topic_exercise``, its solution) and titles
 * ``parallel_plots`` -- drawings for notebooks 08 and 09: per-rank memory, pipeline schedules

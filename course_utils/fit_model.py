@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from .checks import FitError
 from .checkpointing import checkpointed, offload_saved, save_convolutions
 from .memory import adopt_fake_tensors
 
@@ -30,10 +31,6 @@ _DATA_FIX = ("Fix: remove data-dependent branches from forward (no .item(), .tol
 _CUDA_FIX = ("Fix: make tensors on the input's device (device=x.device, or register them as buffers) instead "
              "of 'cuda', and call no torch.cuda API in __init__ or forward; or measure the step on a GPU with "
              "course_utils.memory.measure_step.")
-
-
-class FitError(ValueError):
-    """``fit`` cannot predict this network as asked; the message names the fix."""
 
 
 def resolve_builder(spec: str | Callable[[], nn.Module]) -> Callable[[], nn.Module]:

@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
+from .checks import LoopError
 from .train import step_autocast, training_step
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "none")
@@ -45,10 +46,6 @@ MODES = ("train", "forward", "inference")
 #: SGD's momentum when none is given: the value of the published recipes (ResNet, torchvision's
 #: reference scripts); ``torch.optim.SGD``'s own default is 0 (no momentum buffer at all)
 SGD_MOMENTUM = 0.9
-
-
-class LoopError(ValueError):
-    """Loop options that no training loop runs; the message names the fix."""
 
 
 def select_output(out: Any, output: int | str | None) -> Any:

@@ -17,11 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..checks import TilingError
 from ..numerics import uses_batch_stats
-
-
-class TilingError(ValueError):
-    """The model or the split cannot be tiled exactly; the message names the fix."""
 
 
 #: layers that act on each voxel on its own (halo 0)
