@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import torch
 
+from .checks import TechniqueError, guard
 from .memory import LiveBytes, MiB, default_dtype, require_cuda, target_spec
 from .train import training_step
 
@@ -670,3 +671,5 @@ def cpu_snapshot(build_model: Callable[[], Any], input_shape: tuple[int, ...], *
             "origin": (f"made on a CPU by course_utils.allocator.cpu_snapshot: {steps} training step(s) under "
                        "FakeTensorMode, live tensor bytes counted by LiveBytes, no caching allocator")}
 
+
+guard(globals(), TechniqueError)

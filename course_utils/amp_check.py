@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .amp_rules import trace_dtypes
+from .checks import TechniqueError, guard
 from .config import SEED000_VOLUME
 from .densenet import densenet169, seed004_step_args
 from .unet import UNet3D, seed000_unet
@@ -52,6 +53,9 @@ def compare_with_real_kernels() -> dict:
                         for mode, device, train in (("cuda", "cuda", False), ("cpu", "cpu", False),
                                                     ("cpu train", "cpu", True))}
     return out
+
+
+guard(globals(), TechniqueError)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,8 @@ from typing import Any, Iterator
 
 import torch
 
+from .checks import SetupError, guard
+
 #: ``AT_FORALL_LOWER_PRECISION_FP`` (+ cuDNN's convolutions, registered separately for CUDA):
 #: inputs cast to the autocast dtype (float16 or bfloat16).
 LOWER_PRECISION = frozenset({
@@ -445,3 +447,6 @@ def loss_bytes_per_logit(where: str, logits_shape: tuple[int, ...] = (2, 5, 8, 1
                 torch.nn.functional.cross_entropy(out.float(), y)
     floats = {t.data_ptr(): t for t in kept if t.is_floating_point() and t.numel() == x.numel()}
     return sum(t.nbytes for t in floats.values()) / x.numel()
+
+
+guard(globals(), SetupError)

@@ -28,6 +28,7 @@ import torch
 
 from . import budget, cost, recorded
 from . import explorer
+from .checks import TechniqueError, guard
 from .compare import step_time
 from .config import SEED000_VOLUME
 from .memory import GiB, MiB, catch_oom, largest_that_fits, measure_step, memory_cap, predict_step
@@ -216,3 +217,6 @@ def plot(results: dict[str, Any], path: str | Path) -> None:
     plt.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+guard(globals(), TechniqueError)

@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .checks import TechniqueError, guard
 from .memory import MiB
 from .recorded import benchmark_files, lookup
 from .recorded import runs_folder as recorded_runs
@@ -294,3 +295,6 @@ def ddp_bucket_bytes(grad_bytes: int, gradient_as_bucket_view: bool = False) -> 
     gradients are views into the buckets: + 0 (torch 2.13's DDP docstring: "the saved memory
     size will be equal to the total gradients size"). ``ddp_worker`` measures it."""
     return 0 if gradient_as_bucket_view else grad_bytes
+
+
+guard(globals(), TechniqueError)

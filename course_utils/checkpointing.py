@@ -41,6 +41,7 @@ from torch.utils.checkpoint import (
 )
 
 from .amp_rules import autocast_rules
+from .checks import TechniqueError, guard
 from .cost import ElementwiseBytes, SaveOnCpuMeter
 from .memory import catch_oom, cuda_peak, default_dtype, predict_step, require_cuda, target_spec
 from .recorded import ONLY_STEP, benchmark_files
@@ -705,3 +706,6 @@ def recorded_benchmarks(net: str = "large", techniques: Sequence[str] | None = R
                          "measured / predicted": None if measured is None
                          else round(measured / r["predicted peak MiB"], 3)})
     return pd.DataFrame(rows)
+
+
+guard(globals(), TechniqueError)

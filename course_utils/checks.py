@@ -50,7 +50,7 @@ class CourseError(ValueError):
 
 
 class SetupError(CourseError):
-    """config, data, numerics, cost, tf32, amp_rules, session_cache, layout, markdown."""
+    """config, data, cost, tf32, amp_rules: the course's setup and its foundations."""
 
 
 class MeasureError(CourseError):
@@ -74,7 +74,8 @@ class TilingError(CourseError):
 
 
 class ParallelError(CourseError):
-    """parallel, spatial, densenet_spatial, parallel_plots: ranks, slabs, schedules."""
+    """parallel, spatial, densenet_spatial, parallel_plots, numerics: ranks, slabs, schedules, and
+    the BatchNorm arithmetic they share."""
 
 
 class FitError(CourseError):
@@ -83,11 +84,13 @@ class FitError(CourseError):
 
 
 class RecordError(CourseError):
-    """recorded, files, gpu_kit, gpu_report, readme: files the course reads and writes."""
+    """recorded, files, session_cache, gpu_kit, gpu_report, readme: files the course reads and
+    writes."""
 
 
 class ScaffoldError(CourseError):
-    """scaffold, hosted: a new notebook, the learner's zip and wheel."""
+    """scaffold, hosted, layout, markdown: a new notebook, the course's file names and links, the
+    learner's zip and wheel."""
 
 
 #: every family's error type, and the modules it covers (its docstring)

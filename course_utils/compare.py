@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .checks import MeasureError, guard
 from .memory import catch_oom, default_dtype, measure_step, mib, predict_step
 from .train import training_step
 
@@ -212,3 +213,6 @@ def plot_timelines(logs: dict, ax=None, title: str = "", window: tuple[int, int]
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8, loc="lower right")
     return ax
+
+
+guard(globals(), MeasureError)

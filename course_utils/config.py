@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .checks import SetupError, guard
+
 ENV_VAR = "COURSE_SIZE"
 
 #: Seed 000's volume as (depth, height, width): 26 slices of 150 x 320 pixels.
@@ -147,3 +149,6 @@ def setup(
     if verbose:
         print(cfg)
     return cfg
+
+
+guard(globals(), SetupError)

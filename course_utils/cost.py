@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.utils._python_dispatch
 
+from .checks import SetupError, guard
+
 #: precision key -> (dtype of the model, autocast dtype or None). Code uses the keys;
 #: widgets, ``Config.describe`` and plots show ``PRECISION_LABELS``.
 PRECISIONS = {
@@ -206,3 +208,6 @@ def pareto(points: list[tuple[float, float]]) -> list[bool]:
     better in one (the memory-time frontier)."""
     return [not any((t2 <= t and m2 <= m) and (t2 < t or m2 < m) for t2, m2 in points)
             for t, m in points]
+
+
+guard(globals(), SetupError)

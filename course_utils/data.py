@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from .checks import SetupError, guard
+
 N_CLASSES = 5
 CLASS_NAMES = ("background", "blob", "tube", "shell", "box")
 _CLASS_MEAN = torch.tensor([0.0, 1.0, 0.6, 1.4, 0.3])
@@ -93,3 +95,6 @@ class SyntheticVolumes(Dataset):
         if not 0 <= i < self.n:
             raise IndexError(f"index {i} out of range for {self.n} volumes")
         return make_volume(self.shape, self.seed * 1_000_003 + i)
+
+
+guard(globals(), SetupError)

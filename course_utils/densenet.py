@@ -41,6 +41,7 @@ from torch.nn import functional as F
 
 from . import session_cache
 from .checkpointing import checkpointed
+from .checks import NetworkError, guard
 from .memory import predict_step
 from .memory.meters import storage_key
 from .recorded import runs_folder
@@ -326,3 +327,6 @@ def recorded_kit_rows(task: str = KIT_TASK, folder=None):
     df.attrs.update({"run": f"{machine['gpu']}, {machine['date']}, torch {machine['torch']}",
                      "context MiB": machine.get("context MiB")})
     return df
+
+
+guard(globals(), NetworkError)

@@ -89,6 +89,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .budget import fixed_bytes
+from .checks import ParallelError, guard
 from .densenet import DENSENET169, SEED004_CLASSES, DenseLayer, DenseNet
 from .memory import default_dtype, mib, predict_step
 from .numerics import combine_moments, update_running_stats
@@ -753,3 +754,6 @@ def measured_check(world: int = 2, image: Sequence[int] = (128, 64), batch: int 
     df.attrs["method"] = (f"measured: {measured[0]['method']} on {world} gloo ranks; predicted: {p.method} "
                           "under the fake process group")
     return df
+
+
+guard(globals(), ParallelError)

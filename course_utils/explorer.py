@@ -45,6 +45,7 @@ from . import session_cache
 from .amp_rules import autocast_rules
 from .budget import Overheads, benchmark_context_mib, contexts, ddp_bucket_bytes, overheads
 from .checkpointing import save_convolutions, step_flops
+from .checks import TechniqueError, guard
 from .cost import (
     CARDS,
     FLOPS_ONLY_50T,
@@ -765,3 +766,6 @@ def describe_peak(est: Estimate) -> str:
     """Where the peak of ``est``'s configuration is (module and phase), at the probe batch."""
     module, phase = probe(est.config)["location"]
     return f"{module}, {phase}"
+
+
+guard(globals(), TechniqueError)

@@ -7,6 +7,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from .checks import RecordError, guard
+
 __all__ = ["atomic_write"]
 
 
@@ -23,3 +25,6 @@ def atomic_write(path: str | Path, data: bytes | str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+guard(globals(), RecordError)

@@ -93,9 +93,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .amp_rules import autocast_rules
 from .budget import cublas_workspaces, ddp_bucket_bytes, fixed_bytes, overheads
+from .checks import FitError, guard
 from .cost import ElementwiseBytes, SaveOnCpuMeter, card
 from .fit_model import (
-    FitError,
     activation_modules,
     blocks,
     build_model,
@@ -784,6 +784,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     print(json.dumps(rep.to_dict(), indent=1, allow_nan=False) if args.json else rep.summary())
     return EXIT_FITS if rep.fits else EXIT_DOES_NOT_FIT
+
+
+guard(globals(), FitError)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .checks import NetworkError, guard
+
 
 class BasicBlock(nn.Module):
     """ResNet's basic block: two 3x3 conv-BN, the input added back (through a 1x1 conv-BN where
@@ -230,3 +232,6 @@ def resnet18_saved_by_hand(batch: int, side: int, in_channels: int = 3) -> dict[
     for i in range(2):
         out.update({f"layer1.{i}.{k}": v for k, v in block_saved_by_hand(batch, 64, s, input_counted=i > 0).items()})
     return out
+
+
+guard(globals(), NetworkError)

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from .checks import FitError
+from .checks import FitError, guard
 from .checkpointing import checkpointed, offload_saved, save_convolutions
 from .memory import adopt_fake_tensors
 
@@ -216,3 +216,6 @@ def variant(build: Callable[[], nn.Module], technique: str) -> Callable[[], nn.M
         return model
 
     return built
+
+
+guard(globals(), FitError)

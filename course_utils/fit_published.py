@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .checks import FitError, guard
+
 MB = 10**6  # decimal megabyte: HF's pynvml helper prints MiB but labels it MB (see PUBLISHED)
 MIB = 2**20
 GB = 10**9
@@ -487,3 +489,6 @@ PUBLISHED: list[dict] = [
               " on a V100 takes them through the caching allocator, hundreds of MiB), and the figure is the"
               " maximum since training started (never reset), the first iteration's search included")},
 ]
+
+
+guard(globals(), FitError)

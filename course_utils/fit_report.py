@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .checkpointing import plot_breakdowns
+from .checks import FitError, guard
 from .cost import pareto
 from .loops import Loop
 from .memory import mib
@@ -326,3 +327,6 @@ def by_module(prediction) -> Any:
         out["(the root's own forward)"] = rest
     return pd.DataFrame([{"module": k, "saved MiB": round(v / 2**20, 2), "share %": round(100 * v / total, 1)
                           if total else 0.0, "saved bytes": v} for k, v in out.items()])
+
+
+guard(globals(), FitError)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from . import fit_published
+from .checks import FitError, guard
 from .fit import fit
 from .fit_published import PUBLISHED
 from .markdown import table as markdown_table
@@ -157,6 +158,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.replace(tmp, PAGE)
         print(f"wrote {PAGE}")
     return 0
+
+
+guard(globals(), FitError)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ from torch.nn import functional as F
 from . import densenet as dn
 from . import session_cache
 from .budget import fixed_bytes, steady_state, usable_bytes
+from .checks import NetworkError, guard
 from .memory import predict_step
 
 #: the X-rays' own size (seed 004: "downsampling image to 512 x 512" from about 2000 x 2000)
@@ -635,3 +636,6 @@ def running_stat_weight(micro: int = dn.SEED004_BATCH, momentum: float = 0.1) ->
     ``1 - (1 - momentum)^micro`` in all, most of it toward the last few single images."""
     return {"one batch": momentum, f"{micro} micro-batches": 1 - (1 - momentum) ** micro,
             "last micro-batch alone": momentum}
+
+
+guard(globals(), NetworkError)

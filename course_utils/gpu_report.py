@@ -42,6 +42,7 @@ import torch
 
 from . import recorded
 from .benchmark import cuda_context_bytes
+from .checks import RecordError, guard
 from .gpu_kit import budget, plan, record, summary, tasks
 from .gpu_kit.budget import RECORDED, Clock, Record, Task
 from .gpu_kit.importer import NotARun, import_run
@@ -199,6 +200,9 @@ def run(args: argparse.Namespace, chosen: list[plan.Planned], done: dict[str, st
     if bad:
         log(f"failed: {', '.join(bad)}")
     return 1 if bad or problems else 0
+
+
+guard(globals(), RecordError)
 
 
 if __name__ == "__main__":

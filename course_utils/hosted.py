@@ -38,6 +38,7 @@ from pathlib import Path
 
 from .allocator import caching_demo
 from .budget import overheads
+from .checks import ScaffoldError, guard
 from .config import PRESETS
 from .explorer import PRECISIONS, Config, estimate
 from .layout import exercise_name, notebook_title
@@ -359,6 +360,9 @@ def main(argv: list[str] | None = None) -> int:
         wheel, zpath = dist(Path(args.dist))
         print(f"wheel: {wheel}\nzip:   {zpath} (notebooks, exercises, docs, its own README, course_setup.py and the wheel)")
     return 0
+
+
+guard(globals(), ScaffoldError)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .checks import TechniqueError, guard
 from .memory import saved_tensors
 
 #: at most this many channel groups are converted to fp32 at once for the statistics of an
@@ -376,3 +377,6 @@ def plot_stored_per_unit(variants: dict[str, object], ax=None):
     ax.legend(handles.values(), handles.keys(), fontsize=8, loc="lower right")
     ax.set_xlim(0, max(sum(d.values()) for d in data.values()) * 1.45)
     return data
+
+
+guard(globals(), TechniqueError)

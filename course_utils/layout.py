@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path, PurePath
 
+from .checks import ScaffoldError, guard
+
 #: what an exercise's file name adds to its lesson's stem
 EXERCISE_SUFFIX = "_exercise"
 
@@ -34,3 +36,6 @@ def notebook_title(path: str | Path) -> str:
     """A notebook's title from its first cell's first line: '# 05 · In-place ReLU' -> 'In-place ReLU'."""
     source = json.loads(Path(path).read_text(encoding="utf-8"))["cells"][0]["source"]
     return "".join(source).splitlines()[0].lstrip("# ").split("·", 1)[-1].strip()
+
+
+guard(globals(), ScaffoldError)

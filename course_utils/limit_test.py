@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from . import recorded
+from .checks import TechniqueError, guard
 from .memory import MiB, SavedTensor, largest_that_fits, measure_step, predict_step, require_cuda, storage_key
 
 #: Seed 003's measurements (MB as read off nvidia-smi, CUDA context included): N -> (forward,
@@ -323,3 +324,6 @@ def draw_saved(named: list[tuple[str, torch.Tensor]], rows: list[SavedTensor], a
     ax.set_title(f"the graph walk: shaded = storages autograd saved, {kept:g} x the input (under each: which "
                  f"backward saved it)\nwhite = freed once the next op has read it, {freed:g} x", fontsize=9)
     return ax
+
+
+guard(globals(), TechniqueError)

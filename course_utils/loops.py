@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from .checks import LoopError
+from .checks import LoopError, guard
 from .train import step_autocast, training_step
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "none")
@@ -298,3 +298,6 @@ class Loop:
         return training_step(model, x, target, optimizer, loss_fn=loss_fn, autocast_dtype=autocast_dtype,
                              set_to_none=not self.keep_grads, accumulate=k,
                              output=None if self.output is None else lambda out: select_output(out, self.output))
+
+
+guard(globals(), LoopError)

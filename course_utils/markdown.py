@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .checks import ScaffoldError, guard
+
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
 
@@ -39,3 +41,6 @@ def table(rows: list[dict[str, Any]], cols: list[str] | None = None) -> list[str
 
     return (["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
             + ["| " + " | ".join(cell(r.get(c)) for c in cols) + " |" for r in rows] + [""])
+
+
+guard(globals(), ScaffoldError)

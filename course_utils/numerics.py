@@ -19,6 +19,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from .checks import ParallelError, guard
+
 
 def relative_error(got: Sequence[torch.Tensor], ref: Sequence[torch.Tensor]) -> float:
     """Largest difference between two lists of tensors, relative to the largest reference value.
@@ -78,3 +80,6 @@ def update_running_stats(bn: nn.Module, mean: torch.Tensor, var: torch.Tensor, c
         bn.running_mean.mul_(1 - f).add_(mean.detach().to(bn.running_mean.dtype), alpha=f)
         unbiased = var.detach() * count / max(count - 1, 1)
         bn.running_var.mul_(1 - f).add_(unbiased.to(bn.running_var.dtype), alpha=f)
+
+
+guard(globals(), ParallelError)

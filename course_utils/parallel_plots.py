@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .checks import ParallelError, guard
+
 #: category -> (colour, hatch); the order is the stacking order
 CATEGORIES: dict[str, tuple[str, str]] = {
     "params": ("tab:blue", ""),
@@ -193,3 +195,6 @@ def plot_layouts(rows: Sequence[dict], ax=None, title: str | None = None):
     if title:
         ax.set_title(title, fontsize=10)
     return ax
+
+
+guard(globals(), ParallelError)

@@ -35,6 +35,7 @@ from . import explorer
 from . import full_resolution as fr
 from .budget import batch_model, usable_bytes
 from .checkpointing import peak_change_pct
+from .checks import RecordError, guard
 from .compare import technique_table
 from .config import SEED000_VOLUME
 from .gpu_kit.plan import plan_table
@@ -493,6 +494,9 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(text)
     print("rewrote the generated blocks of " + ", ".join(str(p.relative_to(ROOT)) for p in texts))
     return 0
+
+
+guard(globals(), RecordError)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,8 @@ from typing import Any
 
 import torch
 
+from .checks import RecordError, guard
+
 ENV_VAR = "COURSE_RECORD_DIR"
 # where ``show``/``lookup`` read recorded figures from, instead of the repository's recorded/
 # (the site's build points it at a fixture recording in its tests)
@@ -455,3 +457,6 @@ def show_runs(folder: str | Path | None = None):
         display = print
     display(table)
     return table
+
+
+guard(globals(), RecordError)

@@ -35,6 +35,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .checks import ScaffoldError, guard
 from .layout import EXERCISE_SUFFIX, exercise_name, lesson_stem, notebook_title
 from .markdown import links
 
@@ -555,6 +556,9 @@ def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
     print(NEXT_STEPS.format(nn=e.nn, notebook=e.notebook, solution=e.solution, grading=e.grading, wrong=e.wrong,
                             py=_python(root), marker=PLACEHOLDER, after=next_number(root)))
     return 0
+
+
+guard(globals(), ScaffoldError)
 
 
 if __name__ == "__main__":

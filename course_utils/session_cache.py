@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .checks import RecordError, guard
+
 ENV_VAR = "COURSE_SESSION_CACHE"
 
 
@@ -66,3 +68,6 @@ def shared(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         return wrapper
 
     return decorate
+
+
+guard(globals(), RecordError)

@@ -47,6 +47,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .checks import ParallelError, guard
 from .limit_test import LimitTestNet
 from .memory import SavedTensorMeter, default_dtype
 from .numerics import normalise, update_running_stats, uses_batch_stats
@@ -313,3 +314,6 @@ def spatial_reference(config: dict) -> dict:
     loss.backward()
     return {"loss": loss.item(), "grads": [p.grad.detach().clone() for p in net.parameters()],
             "running": [b.detach().clone() for b in net.buffers()], "saved_bytes": meter.peak}
+
+
+guard(globals(), ParallelError)

@@ -37,6 +37,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
+from .checks import SetupError, guard
+
 #: fp32 keeps 23 explicit mantissa bits, TF32 10: the 13 low bits go.
 DROPPED_BITS = 13
 #: largest relative change of one operand rounded to nearest TF32 (half a unit in the last place)
@@ -295,3 +297,6 @@ def draw_formats(ax=None):
     ax.legend(loc="lower right", fontsize=8, ncol=3)
     ax.set_title("fp32, and what a TF32 tensor core reads of it, beside the 16-bit formats")
     return ax
+
+
+guard(globals(), SetupError)

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .checks import MeasureError, guard
 from .config import resolve_device
 from .data import N_CLASSES
 
@@ -169,3 +170,6 @@ def train(
         hist.dice.append(dice)
         bar.set_postfix(loss=f"{loss:.3f}", dice=f"{dice:.3f}")
     return hist
+
+
+guard(globals(), MeasureError)

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checkpointing import checkpointed, offload_saved, save_convolutions
+from .checks import NetworkError, guard
 from .config import SEED000_VOLUME
 from .memory import predict_step
 
@@ -504,3 +505,6 @@ def plot_memory_map(nets: dict[str, UNet3D], volume: Sequence[int], batch: int =
                  f"full-resolution ones ({'x'.join(map(str, volume))})", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+guard(globals(), NetworkError)

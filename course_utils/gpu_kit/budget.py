@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from ..checks import RecordError, guard
+
 DONE, PASSED, FAILED, ERROR = "done", "passed", "failed", "error"
 CUT, NOT_RUN, RECORDED, DRY = "cut (budget)", "not run (budget)", "skipped (recorded)", "dry run"
 #: what a later run does not do again
@@ -228,3 +230,6 @@ def run_bounded(cmd: Sequence[str], timeout_s: float, log_path: Path, *, env: di
             kill_tree(proc, seen)  # at the deadline, on BudgetExceeded or Ctrl-C, and what an ended command left
             proc.stdout.close()
     return Finished(None if timed_out else proc.returncode, time.monotonic() - t0, timed_out)
+
+
+guard(globals(), RecordError)

@@ -40,6 +40,7 @@ from .. import allocator
 from .. import explorer
 from ..amp_rules import autocast_rules
 from ..benchmark import configs
+from ..checks import RecordError, guard
 from ..limit_test import LimitTestNet
 from ..memory import LiveBytes, LiveBytesStats, MiB, OpTransients, measure_step, op_memory_step, predict_step
 from ..unet import UNet3D
@@ -298,3 +299,6 @@ def _segments() -> dict[str, Any]:
     return {pool: {"count": len(sizes), "MiB": _mib(sum(sizes)), "sizes MiB": sorted((_mib(s) for s in sizes),
                                                                                     reverse=True)[:12]}
             for pool, sizes in by.items()}
+
+
+guard(globals(), RecordError)

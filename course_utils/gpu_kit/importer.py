@@ -21,6 +21,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from ..checks import RecordError, guard
 from ..files import atomic_write
 from .. import benchmark, recorded
 from . import record
@@ -112,3 +113,5 @@ def import_run(files_at: str | Path, root: Path = ROOT, name: str | None = None)
           "recorded/ and benchmarks/results/.")
     return dest
 
+
+guard(globals(), RecordError)

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from ..checks import RecordError, guard
 from ..files import atomic_write
 
 ENV_VAR = "COURSE_NBVAL_KEEP"
@@ -68,3 +69,6 @@ def pytest_runtest_makereport(item: Any, call: Any):  # noqa: ARG001 - pytest's 
         return
     if report.when == "call" or (report.when == "setup" and not report.passed):
         _save(item, report)
+
+
+guard(globals(), RecordError)

@@ -30,6 +30,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..checks import RecordError, guard
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 #: what each window runs by default: a 15-minute loan less the machine's start (1-2 min), the
 #: wheels' install and the kit's start (~20 s) and a margin to re-run a call that fails at once
@@ -187,3 +189,6 @@ def plan_table(root: Path = ROOT) -> str:
 def slug(text: str) -> str:
     """A file-name-safe form: letters, digits, '.', '_' and '-' (what a GPU call's files may be named)."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-").lower() or "x"
+
+
+guard(globals(), RecordError)

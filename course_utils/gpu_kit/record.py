@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..checks import RecordError, guard
 from ..files import atomic_write
 from .budget import COMPLETE
 
@@ -226,3 +227,6 @@ def merge_figures(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         if key in old and key in new and old[key].get("kind") == new[key].get("kind") == "json":
             out[key] = {**new[key], "data": merge(old[key]["data"], new[key]["data"])}
     return out
+
+
+guard(globals(), RecordError)

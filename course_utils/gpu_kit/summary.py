@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..checks import RecordError, guard
 from ..markdown import table
 from .budget import COMPLETE
 
@@ -98,3 +99,6 @@ def render(state: dict[str, Any]) -> str:
     if state.get("left out of the archives"):
         lines += ["Left out of the archives (size limit): " + "; ".join(state["left out of the archives"]), ""]
     return "\n".join(lines) + "\n"
+
+
+guard(globals(), RecordError)

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..checks import RecordError, guard
 from ..files import atomic_write
 from .. import benchmark, recorded
 from ..densenet import densenet169, seed004_step_args
@@ -318,3 +319,6 @@ def build(kit: Kit, name: str) -> Callable[[Clock], dict[str, Any]]:
             _free_gpu()
 
     return run
+
+
+guard(globals(), RecordError)

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .units import GiB, mib
+from ..checks import MeasureError, guard
 
 
 def require_cuda(what: str) -> None:
@@ -79,3 +80,6 @@ def memory_cap(gib: float, device: int = 0) -> Iterator[float]:
         yield fraction
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, device)
+
+
+guard(globals(), MeasureError)

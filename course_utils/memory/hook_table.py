@@ -15,6 +15,7 @@ from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.tensor import DTensor
 
+from ..checks import MeasureError, guard
 from ..loops import Loop, optimizers_of
 from ..train import training_step
 from .meters import SavedTensorMeter
@@ -426,3 +427,6 @@ def log_step(
         else:
             loop.run(model, x, target, optimizer, loss_fn=loss_fn, autocast_dtype=autocast_dtype, micro_batches=2)
     return log
+
+
+guard(globals(), MeasureError)

@@ -14,6 +14,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..checks import MeasureError, guard
+
 
 def storage_key(t: torch.Tensor) -> int:
     """An id of ``t``'s storage, the same for every view of it: two tensors that share memory have
@@ -212,3 +214,6 @@ class LiveBytes(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 self._add(t.untyped_storage())
         return out
+
+
+guard(globals(), MeasureError)

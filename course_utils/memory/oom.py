@@ -9,6 +9,8 @@ from typing import Callable
 
 import torch
 
+from ..checks import MeasureError, guard
+
 
 def largest_that_fits(fits: Callable[[int], bool], start: int = 1, limit: int = 1 << 20,
                       at_limit: str = "raise", hint: int | None = None) -> int:
@@ -158,3 +160,6 @@ class catch_oom:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+
+guard(globals(), MeasureError)

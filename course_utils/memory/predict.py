@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..amp_rules import autocast_rules
+from ..checks import MeasureError, guard
 from ..loops import Loop, prime_optimizer
 from ..train import training_step
 from .cuda import CudaPeak, cuda_peak, require_cuda
@@ -363,3 +364,6 @@ def measure_step(
                      + ("steady-state step)" if steady_state else "first step)"))
     model = opt = x = y = None  # this frame's references go (step's closure shares these cells)
     return result
+
+
+guard(globals(), MeasureError)

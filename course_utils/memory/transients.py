@@ -39,6 +39,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ..checks import MeasureError, guard
 from ..train import training_step
 from .meters import LiveBytes
 from .predict import measure_step, step_parts
@@ -241,3 +242,6 @@ def _cpu_op_memory_step(build_model: Any, input_shape: Any, target_shape: Any, d
         with OpTransients(LiveBytesStats(live)) as ops:
             training_step(model, x, y, opt, loss_fn=loss_fn, autocast_dtype=autocast_dtype)
     return ops, ops.peak
+
+
+guard(globals(), MeasureError)

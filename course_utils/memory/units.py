@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..checks import MeasureError, guard
+
 MiB = 2**20
 GiB = 2**30
 
@@ -16,3 +18,6 @@ def mib(nbytes: float | None) -> float:
 def tensor_bytes(t: torch.Tensor) -> int:
     """numel x element size: the bytes a tensor's elements occupy."""
     return t.numel() * t.element_size()
+
+
+guard(globals(), MeasureError)

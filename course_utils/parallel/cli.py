@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..checks import ParallelError, guard
 from ..data import SyntheticVolumes
 from .data_parallel import build_net, global_batch
 from .launcher import COLLECTIVE_TIMEOUT_S, compared, launch
@@ -173,3 +174,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         dist.destroy_process_group()
     return 0
+
+
+guard(globals(), ParallelError)

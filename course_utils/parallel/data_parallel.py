@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..checks import ParallelError, guard
 from ..memory import SavedTensorMeter
 from ..numerics import combine_moments, normalise, relative_error, update_running_stats
 from ..unet import UNet3D
@@ -242,3 +243,6 @@ def ddp_worker(rank: int, world: int, device: torch.device, config: dict) -> dic
             "bucket_bytes": sum(n for n, _ in buckets.values()),
             "bucket_extra_bytes": sum(n for n, ptr in buckets.values() if ptr not in grad_storages),
             **state_bytes(list(model.parameters()), opt)}
+
+
+guard(globals(), ParallelError)

@@ -10,6 +10,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from ..checks import ParallelError, guard
 from ..unet import UNet3D, named_blocks
 from .data_parallel import build_net, global_batch, state_bytes
 from .launcher import compared
@@ -244,3 +245,6 @@ def fsdp_worker(rank: int, world: int, device: torch.device, config: dict) -> di
     return {"rank": rank, "loss": loss.item(), "grads": full, "mesh_device": mesh.device_type,
             "param_devices": sorted({p.device.type for p in net.parameters()}), **_fsdp_peaks(tracker, fsdp_units(net)),
             **state_bytes(list(net.parameters()), opt)}
+
+
+guard(globals(), ParallelError)

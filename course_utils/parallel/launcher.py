@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing
 
+from ..checks import ParallelError, guard
 from ..tf32 import emulated_if_asked, exact_fp32
 
 COLLECTIVE_TIMEOUT_S = 60
@@ -604,3 +605,6 @@ def compared(worker: Callable) -> Callable:
             return worker(rank, world, device, config)
 
     return run
+
+
+guard(globals(), ParallelError)

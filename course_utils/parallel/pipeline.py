@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..budget import ddp_bucket_bytes
+from ..checks import ParallelError, guard
 from ..memory import SavedTensorMeter, predict_step
 from ..tf32 import exact_fp32
 from ..unet import UNet3D
@@ -500,3 +501,6 @@ def pipeline_layouts(build: Callable[[], UNet3D], volume: Sequence[int], global_
                          "total (GPipe)": st + buckets + gpipe, "total (1F1B)": st + buckets + one_f_one_b,
                          "total (micro-batches of 1)": st + buckets + micro})
     return rows
+
+
+guard(globals(), ParallelError)

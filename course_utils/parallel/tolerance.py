@@ -15,6 +15,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from ..checks import ParallelError, guard
 from ..tf32 import emulate_tf32, exact_fp32
 from .data_parallel import accumulated_grads, build_net, global_batch, relative_error, single_process_grads
 from .launcher import backend_for
@@ -202,3 +203,6 @@ def tf32_errors(config: dict, device: torch.device | str = "cpu") -> list[dict]:
     row("another batch", "fp32, another batch of the same size (SGD's noise)",
         single_process_grads(dict(config, data_seed=seed + 1)), "computed on this CPU")
     return rows
+
+
+guard(globals(), ParallelError)

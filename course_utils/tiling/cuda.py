@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..checks import TilingError, guard
 from ..limit_test import input_bytes
 from ..memory import catch_oom, cuda_peak, mib, require_cuda
 from .predict import largest_tiled_n, _limit_net, predict_tiled_step
@@ -89,3 +90,6 @@ def measure_seed003_cuda(budget_bytes: int, margin_bytes: int = 256 * 2**20):
         row = measure_tiled_step(n, owned, stream=stream, budget_bytes=budget_bytes)
         rows.append({"case": label, "predicted MiB": round(mib(predicted)), **row})
     return pd.DataFrame(rows).fillna("")
+
+
+guard(globals(), TilingError)

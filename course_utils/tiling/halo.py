@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..checks import TilingError
+from ..checks import TilingError, guard
 from ..numerics import uses_batch_stats
 
 
@@ -228,3 +228,6 @@ def probe_halo(model: nn.Module, size: int = 15, trials: int = 3, seed: int = 0)
                 "statistics). Fix: probe with a larger size, or remove the global operation.")
         halo.append(max(c - lo, hi - c))
     return tuple(halo)
+
+
+guard(globals(), TilingError)

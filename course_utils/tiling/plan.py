@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from .halo import TilingError
+from ..checks import TilingError, guard
 
 
 @dataclass(frozen=True)
@@ -84,3 +84,6 @@ def plan_tiles(shape: Sequence[int], tiles: int | Sequence[int], halo: int | Seq
                      for a, o in enumerate(own))
         plan.append(Tile(tuple(index), own, read, shape))
     return plan
+
+
+guard(globals(), TilingError)

@@ -9,6 +9,7 @@ from typing import Sequence
 
 from torch import nn
 
+from ..checks import TilingError, guard
 from ..limit_test import input_bytes
 from ..memory import mib, predict_step
 from .halo import conv_chain
@@ -160,3 +161,6 @@ def draw_memory_vs_n(budget_bytes: int, ns: Sequence[int] | None = None, ax=None
     ax.set_title("seed 003: slabs owning 1 depth voxel each")
     ax.legend(fontsize=8, loc="upper left")
     return ax
+
+
+guard(globals(), TilingError)

@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from ..checks import TilingError, guard
 from ..limit_test import LimitTestNet
 from ..memory import Prediction, default_dtype, largest_that_fits, make_optimizer, prime_optimizer
 from .halo import conv_chain
@@ -151,3 +152,6 @@ def largest_tiled_n(budget_bytes: int, build_model: Callable[[], nn.Module] | No
 
 def _limit_net() -> nn.Module:
     return LimitTestNet()
+
+
+guard(globals(), TilingError)

@@ -57,8 +57,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..checks import TilingError, guard
 from ..numerics import normalise, relative_error, update_running_stats, uses_batch_stats
-from .halo import ConvChain, TilingError, conv_chain
+from .halo import ConvChain, conv_chain
 from .plan import Tile, _as_halo, plan_tiles
 
 
@@ -352,3 +353,6 @@ def compare_with_untiled(build: Callable[[], nn.Module], x: torch.Tensor, target
     return {"grad_error": relative_error(grads_of(model), grads_of(ref_model)),
             "loss": float(step.loss), "loss_untiled": float(ref_loss),
             "halo": step.halo, "work": step.work, "sweeps": step.sweeps}
+
+
+guard(globals(), TilingError)
