@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 
 from .checks import TechniqueError, guard
+from .files import atomic_write
 from .memory import LiveBytes, MiB, default_dtype, require_cuda, target_spec
 from .train import training_step
 
@@ -598,8 +599,7 @@ def show_snapshot(snapshot: dict[str, Any] | str | Path, html: str | Path | None
     if html is not None:
         from torch.cuda._memory_viz import trace_plot
 
-        Path(html).parent.mkdir(parents=True, exist_ok=True)
-        Path(html).write_text(trace_plot(snap))
+        atomic_write(html, trace_plot(snap))  # whole or not at all; a full disk: RecordError with the fix
     return plot_snapshot(snap, **plot_kw)
 
 

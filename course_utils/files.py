@@ -1,30 +1,179 @@
-"""Files written whole or not at all: ``atomic_write`` (a temporary file beside the target, then a
-rename), so that a reader, or a process stopped half-way, never sees half a file."""
+"""Files the course writes and reads, named in every error with the fix.
+
+* ``atomic_write(path, data)`` -- a file written whole or not at all: a temporary file beside the
+  target, then a rename, so that a reader, or a process stopped half-way, never sees half a file.
+* ``replacing(path)`` -- the same for a library that writes a file itself (``savefig``,
+  ``torch.save``): it writes the temporary path the block is given, renamed over ``path`` at its end.
+* ``read_json(path, what, fix)`` -- a JSON file's data, or a ``RecordError`` that names the file,
+  what is wrong with it (missing, a folder, unreadable, empty, not text, cut short, not JSON, the
+  wrong kind of data) and ``fix``; ``skipped(err)`` warns (``SkippedFile``) that a reader left
+  such a file out where the others still serve (one bad recording among several).
+
+A write that fails (a full disk, a read-only folder, a folder where the file goes) raises
+``RecordError`` naming the file and the fix, and leaves the old file as it was and no temporary
+file beside it; ``write_error`` turns such an ``OSError`` into that error for a caller's own writes.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import json
 import os
 import tempfile
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from .checks import RecordError, guard
 
-__all__ = ["atomic_write"]
+__all__ = ["atomic_write", "replacing", "read_json", "parse_json", "write_error", "skipped", "SkippedFile", "JSON_KINDS"]
+
+#: the names ``read_json`` gives the top-level kinds of JSON data, in its messages
+JSON_KINDS = {dict: "an object ({...})", list: "a list ([...])", str: "a string", int: "a number",
+              float: "a number", bool: "true or false", type(None): "null"}
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
+def write_error(path: str | Path, err: OSError) -> RecordError:
+    """The ``RecordError`` for a write of ``path`` that failed with ``err``: the file, what went
+    wrong, and the fix (free space, a writable folder, another name)."""
+    path = Path(path)
+    folder = path.parent
+    code = getattr(err, "errno", None)
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        what, fix = ("the disk is full", f"free space on the disk that holds {folder} (`df -h {folder}` "
+                                         "shows it), or write to a folder on another disk")
+    elif code == errno.EFBIG:
+        what, fix = ("the file grew past the largest this process may write", "raise the limit (`ulimit -f "
+                     f"unlimited`), or free space on the disk that holds {folder} and write again")
+    elif code in (errno.EACCES, errno.EPERM, errno.EROFS):
+        what, fix = ("its folder cannot be written", f"make {folder} writable (`chmod u+w {folder}`), "
+                                                    "or write to a folder you can write")
+    elif code == errno.EISDIR or _is_dir(path):
+        what, fix = "a folder stands where the file goes", f"remove or rename the folder {path}, or write another file"
+    elif code == errno.ENOTDIR or code == errno.EEXIST:
+        what, fix = ("a file stands where a folder of its path goes",
+                     f"remove or rename the file among {path}'s parent folders, or write elsewhere")
+    elif code == errno.ENAMETOOLONG:
+        what, fix = "its name is too long", "give the file a shorter name (255 bytes at most on most disks)"
+    else:
+        what, fix = "the write failed", f"check that {folder} is a writable folder on a disk with free space"
+    return RecordError(f"Could not write {path}: {what} ({type(err).__name__}: {err.strerror or err}); "
+                       "nothing was written, an older file is as it was.", fix)
+
+
+@contextlib.contextmanager
+def replacing(path: str | Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` (same suffix, so a library picks the same format) for the
+    block to write; at its end, renamed over ``path``. If the block or the rename fails, the
+    temporary file is removed and ``path`` is left as it was; an ``OSError`` becomes
+    ``write_error``'s ``RecordError``."""
+    path = Path(path)
+    tmp: Path | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:80]}.", suffix=f".tmp{path.suffix[:16]}")
+        os.close(fd)
+        tmp = Path(name)
+        yield tmp
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a committed file from other users
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as err:
+        raise write_error(path, err) from err
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
 
 
 def atomic_write(path: str | Path, data: bytes | str) -> None:
-    """Write ``path`` whole or not at all: a temporary file beside it, then a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    """Write ``path`` whole or not at all: a temporary file beside it, then a rename (``replacing``).
+    A failed write raises ``RecordError`` naming the file and the fix, and leaves no partial file."""
+    payload = data.encode() if isinstance(data, str) else bytes(data)
+    with replacing(path) as tmp, open(tmp, "wb") as f:
+        f.write(payload)
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(dict.fromkeys(JSON_KINDS.get(k, k.__name__) for k in kinds))
+
+
+def _json_problem(text: str, err: ValueError) -> str:
+    if isinstance(err, json.JSONDecodeError):
+        if err.pos >= len(text.rstrip()):
+            return "it stops before its JSON ends: it was cut short (a write stopped half-way, a full disk)"
+        return f"it is not JSON ({err.msg} at line {err.lineno}, column {err.colno})"
+    return f"it holds JSON that Python cannot read ({str(err)[:120]})"
+
+
+def parse_json(raw: bytes, where: str, what: str = "a JSON file",
+               fix: str = "write it again", kind: type | tuple[type, ...] | None = dict) -> Any:
+    """The JSON data in ``raw`` (the bytes of ``where``: a file, an archive's member); RecordError
+    naming ``where``, saying it should be ``what`` and what is wrong (empty, not text, cut short,
+    not JSON, nested too deeply, its top level not of ``kind``: None takes any), then ``fix``."""
+
+    def bad(problem: str) -> RecordError:
+        return RecordError(f"{where} should be {what}, but {problem}.", fix)
+
+    if not raw.strip():
+        raise bad("it is empty")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a committed file from other users
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise bad("it is not text (not UTF-8: binary data, or damaged)") from None
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise bad("its JSON nests too deeply to read") from None
+    except ValueError as err:  # JSONDecodeError, and an integer too long for int()
+        raise bad(_json_problem(text, err)) from None
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if kind is not None and (not isinstance(data, kinds) or (isinstance(data, bool) and bool not in kinds)):
+        raise bad(f"its JSON is {JSON_KINDS.get(type(data), type(data).__name__)}, not {_kind_name(kind)}")
+    return data
+
+
+def read_json(path: str | Path, what: str = "a JSON file", fix: str = "restore it (for a committed file: "
+              "`git checkout -- FILE`) or write it again", kind: type | tuple[type, ...] | None = dict) -> Any:
+    """The JSON data in ``path``; ``RecordError`` if there is none to read: the message names the
+    file, says it should be ``what`` and what is wrong (missing, a folder, a link to nothing,
+    unreadable, and ``parse_json``'s: empty, not text, cut short, not JSON, the wrong kind), then
+    ``fix`` (``FILE`` in it becomes the path)."""
+    path = Path(path)
+    fix = fix.replace("FILE", str(path))
+
+    def bad(problem: str) -> RecordError:
+        return RecordError(f"{path} should be {what}, but {problem}.", fix)
+
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise bad("it is a link to a file that does not exist" if path.is_symlink()
+                  else "it does not exist") from None
+    except IsADirectoryError:
+        raise bad("it is a folder") from None
+    except OSError as err:
+        raise bad(f"it cannot be read ({type(err).__name__}: {err.strerror or err})") from None
+    return parse_json(raw, str(path), what, fix, kind)
+
+
+class SkippedFile(UserWarning):
+    """A file a reader left out because it cannot be read; the message names it and the fix."""
+
+
+def skipped(err: RecordError) -> None:
+    """Warn that the file ``err`` names was left out (``SkippedFile``): the others still serve."""
+    warnings.warn(f"Skipped a file that cannot be read (the others still serve): {err}", SkippedFile, stacklevel=3)
 
 
 guard(globals(), RecordError)

@@ -16,7 +16,6 @@ model zoo) predicted by ``fit`` with the entry's own options, and the ratio.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any, Sequence
 
 from . import fit_published
 from .checks import FitError, guard
+from .files import atomic_write
 from .fit import fit
 from .fit_published import PUBLISHED
 from .markdown import table as markdown_table
@@ -153,9 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     checks = validate()
     print(table(checks).to_string(index=False))
     if args.render:
-        tmp = PAGE.with_suffix(".md.tmp")
-        tmp.write_text(markdown(checks))
-        os.replace(tmp, PAGE)
+        atomic_write(PAGE, markdown(checks))
         print(f"wrote {PAGE}")
     return 0
 

@@ -38,7 +38,8 @@ from .checkpointing import peak_change_pct
 from .checks import RecordError, guard
 from .compare import technique_table
 from .config import SEED000_VOLUME
-from .gpu_kit.plan import plan_table
+from .files import atomic_write, read_json
+from .gpu_kit.plan import plan_table, timings_problem
 from .inplace_abn import bn_leaky_relu_inplace, inplace_abn
 from .benchmark import configs as benchmark_configs
 from .limit_test import input_bytes, run_limit_test
@@ -441,6 +442,10 @@ def render_timings(data: dict[str, Any]) -> str:
              "", "| NN | notebook | run, CPU | solution run, CPU | suggested slot |", "|---|---|---|---|---|"]
     titles = {e.nn: scaffold.title(ROOT, e) for e in scaffold.entries(ROOT)}
     for nn, r in sorted(data["rows"].items()):
+        if nn not in titles:
+            raise RecordError(f"results/timings.json has a row for notebook {nn!r}, which notebooks/ does not hold.",
+                              "delete that row, or time the notebooks again (`python -m course_utils.readme "
+                              "--render --timings`)")
         lines.append(f"| {nn} | {titles[nn]} | {r.get('notebooks', '-')} s | {r.get('solutions', '-')} s | "
                      f"{SLOTS_MIN.get(nn, 45)} min |")
     apart = [(nn, r["measured"]) for nn, r in sorted(data["rows"].items()) if "measured" in r]
@@ -451,14 +456,47 @@ def render_timings(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def read_figures(path: Path | None = None) -> dict[str, Any]:
+    """results/figures.json (``path``), checked: its meta's date and torch, and one row per
+    headline (key, question, seed, course, method: strings); RecordError naming the file and the fix."""
+    path = path or FIGURES
+    fix = f"restore it (`git checkout -- {path}`), or compute it again (`python -m course_utils.readme`)"
+    data = read_json(path, "the course's headline figures", fix)
+    meta, rows = data.get("meta"), data.get("rows")
+    if not isinstance(meta, dict) or not all(isinstance(meta.get(k), str) for k in ("date", "torch")):
+        raise RecordError(f"{path}: its meta does not give the date and torch version (strings).", fix)
+    cols = ("key", "question", "seed", "course", "method")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and all(isinstance(r.get(c), str) for c in cols)
+                                             for r in rows):
+        raise RecordError(f"{path}: its rows are not a list of headlines ({', '.join(cols)}: strings).", fix)
+    return data
+
+
+def read_timings(path: Path | None = None) -> dict[str, Any] | None:
+    """results/timings.json (``path``), checked (``gpu_kit.plan.timings_problem``); None where it
+    is absent; RecordError naming the file and the fix where it cannot be read."""
+    path = path or TIMINGS
+    if not path.exists() and not path.is_symlink():
+        return None
+    fix = (f"restore it (`git checkout -- {path}`), or time the notebooks again "
+           "(`python -m course_utils.readme --render --timings`)")
+    data = read_json(path, "the notebooks' timings", fix)
+    problem = timings_problem(data)
+    if problem:
+        raise RecordError(f"{path}: {problem}.", fix)
+    return data
+
+
 def write_timings(only: list[str] | None = None) -> None:
     """Time the notebooks (all, or those in ``only``, merged with the committed rows) and rewrite
-    results/timings.json and docs/teaching.md's timings table."""
+    results/timings.json and docs/teaching.md's timings table, each whole or not at all."""
+    old = read_timings() if only is not None else None  # a bad file is refused before the notebooks run
     data = notebook_timings(only)
-    if only is not None and TIMINGS.exists():
-        data = merge_timings(json.loads(TIMINGS.read_text()), data)
-    TIMINGS.write_text(json.dumps(data, indent=1) + "\n")
-    TEACHING.write_text(replace_block(TEACHING.read_text(), "timings", render_timings(data), "docs/teaching.md"))
+    if old is not None:
+        data = merge_timings(old, data)
+    teaching = replace_block(TEACHING.read_text(), "timings", render_timings(data), "docs/teaching.md")
+    atomic_write(TIMINGS, json.dumps(data, indent=1) + "\n")
+    atomic_write(TEACHING, teaching)
     print(f"wrote {TIMINGS} and the timings table of {TEACHING}")
 
 
@@ -480,18 +518,17 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             ap.error(f"no notebook {', '.join(unknown)} in notebooks/ (there are {', '.join(present)})")
     if args.only and not args.render:
-        FIGURES.write_text(json.dumps(merge_figures(json.loads(FIGURES.read_text()), headlines(set(args.only))),
-                                      indent=1) + "\n")
+        old = read_figures()
+        atomic_write(FIGURES, json.dumps(merge_figures(old, headlines(set(args.only))), indent=1) + "\n")
         print(f"recomputed {', '.join(args.only)} in {FIGURES}")
     elif not args.render:
-        FIGURES.parent.mkdir(exist_ok=True)
-        FIGURES.write_text(json.dumps(headlines(), indent=1) + "\n")
+        atomic_write(FIGURES, json.dumps(headlines(), indent=1) + "\n")
         print(f"wrote {FIGURES}")
     if args.timings is not None:
         write_timings(args.timings or None)
-    texts = rendered(json.loads(FIGURES.read_text()), json.loads(TIMINGS.read_text()) if TIMINGS.exists() else None)
+    texts = rendered(read_figures(), read_timings())
     for path, text in texts.items():
-        path.write_text(text)
+        atomic_write(path, text)
     print("rewrote the generated blocks of " + ", ".join(str(p.relative_to(ROOT)) for p in texts))
     return 0
 

@@ -33,16 +33,19 @@ from __future__ import annotations
 import datetime
 import glob
 import json
+import math
 import os
 import platform
+import re
 from html.parser import HTMLParser
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from .checks import RecordError, guard
+from .files import atomic_write, parse_json, read_json, skipped
 
 ENV_VAR = "COURSE_RECORD_DIR"
 # where ``show``/``lookup`` read recorded figures from, instead of the repository's recorded/
@@ -90,19 +93,71 @@ def _encode(value: Any) -> dict[str, Any]:
     try:
         json.dumps(value)
     except TypeError as err:
-        raise TypeError(
-            f"recorded figures must be a DataFrame, a string or JSON data, got "
-            f"{type(value).__name__} ({err}). Fix: convert it, e.g. to a dict of numbers."
-        ) from None
+        raise RecordError(f"recorded figures must be a DataFrame, a string or JSON data, got "
+                          f"{type(value).__name__} ({err}).", "convert it, e.g. to a dict of numbers.") from None
     return {"kind": "json", "data": value}
 
 
-def _decode(entry: dict[str, Any]) -> Any:
-    if entry["kind"] == "table":
-        import pandas as pd
+def _decode(entry: dict[str, Any], path: Path, key: str) -> Any:
+    """A figure's value from its JSON form; RecordError naming ``path`` and ``key`` if it is not one."""
+    if entry["kind"] != "table":
+        return entry["data"]
+    import pandas as pd
 
+    try:
         return pd.DataFrame(entry["data"], columns=entry["columns"], index=entry.get("index"))
-    return entry["data"]
+    except Exception as err:  # noqa: BLE001 - whatever pandas refuses, the file is what is wrong
+        raise RecordError(f"{path}: figure {key!r} is not a table pandas can build ({type(err).__name__}: "
+                          f"{str(err)[:120]}).", _REWRITE.replace("FILE", str(path))) from None
+
+
+#: the fix for a recording that cannot be read
+_REWRITE = ("restore FILE (`git checkout -- FILE`), or record it again on a GPU "
+            "(`python -m course_utils.gpu_report`, then `--import`)")
+MACHINE_KEYS = ("gpu", "torch", "cuda", "date")
+
+
+def _machine(m: Any, where: str, fix: str) -> dict[str, str]:
+    """``m`` as a machine (gpu, torch, cuda, date: each a string, ``str()`` of a number too), or
+    RecordError saying what ``where`` lacks."""
+    if not isinstance(m, dict) or any(not isinstance(m.get(k), (str, int, float)) or isinstance(m.get(k), bool)
+                                      for k in MACHINE_KEYS):
+        raise RecordError(f"{where} does not say what it was recorded on: it needs "
+                          f"{', '.join(MACHINE_KEYS)}, each a string, and has {_shown(m)}.", fix)
+    return {k: str(m[k]) for k in MACHINE_KEYS}
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _figure(fig: Any, where: str, fix: str) -> dict[str, Any]:
+    """``fig`` checked as a figure's JSON form (``_encode``'s, with its own ``meta`` if any)."""
+    kinds = {"table": ("data", "columns"), "text": ("data",), "json": ("data",)}
+    if not isinstance(fig, dict) or fig.get("kind") not in kinds or any(k not in fig for k in kinds[fig["kind"]]):
+        raise RecordError(f"{where} is not a recorded figure: it needs a kind ('table', 'text' or 'json') "
+                          f"and its data, and has {_shown(fig)}.", fix)
+    if fig["kind"] == "table" and not (isinstance(fig["data"], list) and isinstance(fig["columns"], list)):
+        raise RecordError(f"{where}: a table's data and columns are lists, not {_shown(fig['data'])}.", fix)
+    if fig["kind"] == "text" and not isinstance(fig["data"], str):
+        raise RecordError(f"{where}: a text figure's data is a string, not {_shown(fig['data'])}.", fix)
+    if "meta" in fig:
+        fig = {**fig, "meta": _machine(fig["meta"], f"{where}'s meta", fix)}
+    return fig
+
+
+def read_recording(path: str | Path) -> dict[str, Any]:
+    """A recording (``merged``'s form) read from ``path`` and checked: its ``meta`` (the machine)
+    and every figure's form. RecordError naming the file, what is wrong and the fix otherwise."""
+    path = Path(path)
+    fix = _REWRITE.replace("FILE", str(path))
+    data = read_json(path, "a recording of GPU figures ({\"meta\": ..., \"figures\": ...})", fix)
+    meta = _machine(data.get("meta"), f"{path}'s meta", fix)
+    figures = data.get("figures")
+    if not isinstance(figures, dict):
+        raise RecordError(f"{path} has no figures (an object of key -> figure), it has {_shown(figures)}.", fix)
+    return {"meta": meta, "figures": {k: _figure(f, f"{path}: figure {k!r}", fix) for k, f in figures.items()}}
 
 
 def machine() -> dict[str, str]:
@@ -117,50 +172,90 @@ def file_stem(gpu: str) -> str:
     return gpu.replace(" ", "_").replace("/", "_")
 
 
+#: what a key may hold: it names a file (``/`` becomes ``__``)
+KEY = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*")
+
+
 def record(key: str, value: Any, folder: str | Path | None = None) -> Any:
     """Keep ``value`` (measured on a GPU) under ``key`` in ``folder``, or, without one, in
     ``$COURSE_RECORD_DIR`` if the GPU kit is collecting figures from notebooks; otherwise do
-    nothing. Returns ``value``."""
+    nothing. The file is written whole or not at all (``files.atomic_write``). Returns ``value``."""
     out = folder or os.environ.get(ENV_VAR)
     if not out:
         return value
-    if not key or any(c in key for c in "\\:*?\"<>| "):
-        raise ValueError(f"record key {key!r}: use letters, digits, '_', '-', '.' and '/'")
+    if not KEY.fullmatch(key) or len(key) > 150:
+        raise RecordError(f"record key {_shown(key)}: a key names a file.",
+                          "use letters, digits, '_', '-', '.' and '/' (not at either end), at most 150 of them, "
+                          "e.g. '02/expandable_segments'")
     entry = {"key": key, **machine(), **_encode(value)}
-    path = Path(out) / (key.replace("/", "__") + ".json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(entry, indent=1))
+    atomic_write(Path(out) / (key.replace("/", "__") + ".json"), json.dumps(entry, indent=1))
     return value
+
+
+def _entry(path: Path) -> tuple[str, dict[str, Any]]:
+    """A per-figure file ``record`` wrote: its key, and its figure with the machine as ``meta``."""
+    fix = f"delete {path} and run its notebook's cell again on the GPU"
+    e = read_json(path, "a figure recorded by recorded.record", fix)
+    if not isinstance(e.get("key"), str) or not KEY.fullmatch(e["key"]):
+        raise RecordError(f"{path} names no figure: its 'key' is {_shown(e.get('key'))}.", fix)
+    fig = {k: v for k, v in e.items() if k not in MACHINE_KEYS and k != "key"}
+    return e["key"], _figure({**fig, "meta": _machine(e, str(path), fix)}, str(path), fix)
+
+
+def _gathered(figures: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Figures that each carry their machine (``meta``) as one recording: its ``meta`` the machine
+    most of them were recorded on (the first such in key order on a tie); a figure recorded on
+    another machine (another GPU, day or torch) keeps its own ``meta``, which ``lookup`` labels it with."""
+    machines = [tuple(f["meta"][k] for k in MACHINE_KEYS) for f in figures.values()]
+    common = max(dict.fromkeys(machines), key=machines.count)
+    meta = dict(zip(MACHINE_KEYS, common, strict=True))
+    return {"meta": meta, "figures": {k: f if f["meta"] != meta else {n: v for n, v in f.items() if n != "meta"}
+                                      for k, f in figures.items()}}
+
+
+def _spread(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A recording's figures, each carrying its own machine (``meta``)."""
+    return {k: {**f, "meta": f.get("meta", data["meta"])} for k, f in data["figures"].items()}
+
+
+def merge_recordings(old: dict[str, Any], new: dict[str, Any],
+                     merge: Callable[[dict, dict], dict] | None = None) -> dict[str, Any]:
+    """Two recordings (``read_recording``'s form) as one: a figure in both is the new one (or
+    ``merge(old figures, new figures)``'s), and every figure keeps the machine it was recorded on."""
+    both = merge(_spread(old), _spread(new)) if merge else {**_spread(old), **_spread(new)}
+    return _gathered(both)
 
 
 def merged(src: str | Path) -> dict[str, Any]:
     """The per-figure files ``record`` wrote under ``src``, as one recording:
-    ``{"meta": {gpu, torch, cuda, date}, "figures": {key: figure}}``."""
-    entries = [json.loads(p.read_text()) for p in sorted(Path(src).glob("*.json"))]
-    if not entries:
-        raise FileNotFoundError(f"no recorded figures under {src}")
-    meta = {k: entries[0][k] for k in ("gpu", "torch", "cuda", "date")}
-    figures = {e["key"]: {k: v for k, v in e.items() if k not in meta and k != "key"} for e in entries}
-    return {"meta": meta, "figures": figures}
+    ``{"meta": {gpu, torch, cuda, date}, "figures": {key: figure}}``; a figure recorded on another
+    machine than most (another GPU) keeps its own ``meta``. A file that cannot be read is skipped
+    with a warning naming it; RecordError if none can."""
+    figures = {}
+    paths = sorted(Path(src).glob("*.json"))
+    for path in paths:
+        try:
+            key, fig = _entry(path)
+        except RecordError as err:
+            skipped(err)
+            continue
+        figures[key] = fig
+    if not figures:
+        raise RecordError(f"{src} holds no readable recorded figures ({len(paths)} .json file(s)).",
+                          f"pass the folder that ${ENV_VAR} named while the notebooks ran on the GPU")
+    return _gathered(figures)
 
 
 def write(data: dict[str, Any], dest: str | Path) -> Path:
-    """Write a recording (``merged``'s form) to ``dest`` whole or not at all (a temporary file
-    beside it, then a rename: a full disk never leaves half a file for ``show`` to read)."""
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(data, indent=1) + "\n")
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return dest
+    """Write a recording (``merged``'s form) to ``dest`` whole or not at all (``files.atomic_write``:
+    a full disk never leaves half a file for ``show`` to read; it raises RecordError with the fix)."""
+    atomic_write(dest, json.dumps(data, indent=1) + "\n")
+    return Path(dest)
 
 
 def collect(src: str | Path, dest: str | Path | None = None) -> Path:
     """Merge the per-figure files ``record`` wrote under ``src`` into one
-    ``recorded/<gpu>.json`` (what the repository keeps). Returns its path."""
+    ``recorded/<gpu>.json`` (what the repository keeps), written whole or not at all. Returns its path."""
     data = merged(src)
     return write(data, Path(dest) if dest else RECORDED / (file_stem(data["meta"]["gpu"]) + ".json"))
 
@@ -186,13 +281,19 @@ def lookup(key: str, folder: str | Path | None = None) -> Recorded | None:
     """The newest recording of ``key`` among the ``*.json`` of ``folder`` (by default
     ``recorded_folder()``) or, for a key of ``FROM_OUTPUTS``, in the output of its cell in a GPU
     run's executed notebook (``docs/gpu-runs/`` beside ``folder``); recorded/ wins a tie. None if
-    neither holds it."""
+    neither holds it. A file that cannot be read is skipped with a warning that names it and the
+    fix (``files.SkippedFile``): the others still serve."""
     folder = Path(folder or recorded_folder())
     found = []
     for path in sorted(folder.glob("*.json")):
-        data = json.loads(path.read_text())
-        if key in data.get("figures", {}):
-            found.append((data["meta"]["date"], 1, Recorded(key, _decode(data["figures"][key]), data["meta"])))
+        try:
+            data = read_recording(path)
+            if key in data["figures"]:
+                fig = data["figures"][key]
+                meta = fig.get("meta", data["meta"])
+                found.append((meta["date"], 1, Recorded(key, _decode(fig, path, key), meta)))
+        except RecordError as err:  # one bad file: the others still serve
+            skipped(err)
     found += [(rec.meta["date"], 0, rec) for rec in _from_outputs(key, folder.parent / "docs" / "gpu-runs")]
     if not found:
         return None
@@ -284,15 +385,67 @@ def html_table(html: str):
 
     parser = _HtmlTable()
     parser.feed(html)
-    head = next(cells for in_head, cells in parser.rows if in_head)
+    head = next((cells for in_head, cells in parser.rows if in_head), None)
+    if head is None:
+        raise RecordError("html_table: the HTML has no table with a header row (<thead>).",
+                          "pass a table as pandas' DataFrame.to_html writes it")
     body = [cells for in_head, cells in parser.rows if not in_head]
     return pd.DataFrame([[_number(c) for c in cells[1:]] for cells in body], columns=head[1:],
                         index=[_number(cells[0]) for cells in body])
 
 
+#: the fix for a file of a GPU run's record under docs/gpu-runs/ that cannot be read
+_RUN_FIX = ("restore it (`git checkout -- FILE`), or import its GPU run again "
+            "(`python -m course_utils.gpu_report --import FILES_AT`)")
+
+
+def _mib(value: Any, where: str, fix: str) -> float | None:
+    """A recorded MiB figure: None, or a finite number >= 0; RecordError otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise RecordError(f"{where} is {_shown(value)}, not a number of MiB (finite, >= 0).", fix)
+    return value
+
+
+def kit_machine(path: str | Path) -> tuple[dict[str, str], float | None]:
+    """The machine a GPU run's ``kit.json`` (or the first run's ``limit.json``) recorded, and the
+    CUDA context it measured (MiB, or None); RecordError naming the file and the fix."""
+    path = Path(path)
+    fix = _RUN_FIX.replace("FILE", str(path))
+    data = read_json(path, "a GPU run's record (kit.json or limit.json)", fix)
+    m = data.get("machine")
+    meta = _machine(m, f"{path}'s machine", fix)
+    context = m.get("context MiB")
+    if context is None and isinstance(data.get("overheads"), dict):
+        context = data["overheads"].get("context MiB")
+    return meta, _mib(context, f"{path}'s context MiB", fix)
+
+
+def _executed_table(path: Path, cell_id: str, columns: tuple[str, ...]):
+    """The table of ``columns`` that cell ``cell_id`` of the executed notebook ``path`` shows, or None."""
+    fix = _RUN_FIX.replace("FILE", str(path))
+    cells = read_json(path, "an executed notebook", fix).get("cells")
+    if not isinstance(cells, list):
+        raise RecordError(f"{path} is not a notebook: it has no list of cells.", fix)
+    cell = next((c for c in cells if isinstance(c, dict) and c.get("id") == cell_id), None)
+    for out in (cell or {}).get("outputs", []) if isinstance((cell or {}).get("outputs", []), list) else []:
+        html = out.get("data", {}).get("text/html", "") if isinstance(out, dict) and isinstance(out.get("data"), dict) else ""
+        html = "".join(html) if isinstance(html, list) and all(isinstance(h, str) for h in html) else html
+        if not isinstance(html, str) or "<table" not in html:
+            continue
+        try:
+            table = html_table(html)
+        except Exception:  # noqa: BLE001 - an output that is not pandas' table is not the figure
+            continue
+        if tuple(table.columns) == columns:
+            return table
+    return None
+
+
 def _from_outputs(key: str, runs: Path) -> list[Recorded]:
     """``key``'s table in each run under ``runs`` whose executed notebook shows it (``FROM_OUTPUTS``),
-    with the run's machine (its kit.json)."""
+    with the run's machine (its kit.json). A file that cannot be read is skipped with a warning."""
     if key not in FROM_OUTPUTS or not runs.is_dir():
         return []
     name, cell_id, columns = FROM_OUTPUTS[key]
@@ -301,16 +454,14 @@ def _from_outputs(key: str, runs: Path) -> list[Recorded]:
         kit = path.parent.parent / "kit.json"
         if not kit.exists():
             continue
-        cell = next((c for c in json.loads(path.read_text())["cells"] if c.get("id") == cell_id), None)
-        for out in (cell or {}).get("outputs", []):
-            html = "".join(out.get("data", {}).get("text/html", ""))
-            table = html_table(html) if "<table" in html else None
-            if table is not None and tuple(table.columns) == columns:
-                m = json.loads(kit.read_text())["machine"]
-                found.append(Recorded(key, table, {k: str(m[k]) for k in ("gpu", "date", "torch", "cuda")},
+        try:
+            table = _executed_table(path, cell_id, columns)
+            if table is not None:
+                found.append(Recorded(key, table, kit_machine(kit)[0],
                                       f"read from the output of cell {cell_id} of the run's executed notebook "
                                       f"docs/gpu-runs/{path.relative_to(runs).as_posix()}"))
-                break
+        except RecordError as err:
+            skipped(err)
     return found
 
 
@@ -346,32 +497,73 @@ class GpuRun:
         return f"{m['gpu']}, {m['date']}, torch {m['torch']}"
 
 
+def read_benchmark(path: str | Path, raw: bytes | None = None) -> dict[str, Any]:
+    """A benchmark record (``benchmark.run``'s JSON: ``meta`` with device, date, torch, cuda,
+    model; ``rows``, one object per technique) read from ``path`` (or parsed from ``raw``, the
+    bytes ``path`` names) and checked; RecordError naming the file, what is wrong and the fix."""
+    path = Path(path)
+    fix = _RUN_FIX.replace("FILE", str(path))
+    what = "a benchmark record ({\"meta\": ..., \"rows\": [...]})"
+    data = read_json(path, what, fix) if raw is None else parse_json(raw, str(path), what, fix)
+    meta, rows = data.get("meta"), data.get("rows")
+    if not isinstance(meta, dict) or any(not isinstance(meta.get(k), str) for k in ("device", "date", "torch")):
+        raise RecordError(f"{path}'s meta does not name its device, date and torch (strings): {_shown(meta)}.", fix)
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise RecordError(f"{path}'s rows are not a list of objects (one per technique): {_shown(rows)}.", fix)
+    return data
+
+
+def benchmark_records(net: str = "*", folder: str | Path | None = None, run: str = "*") -> list[tuple[Path, dict]]:
+    """``(path, read_benchmark(path))`` for each of ``benchmark_files(net, folder, run)``; a file
+    that cannot be read is skipped with a warning naming it and the fix (the others still serve)."""
+    out = []
+    for path in benchmark_files(net, folder, run):
+        try:
+            out.append((path, read_benchmark(path)))
+        except RecordError as err:
+            skipped(err)
+    return out
+
+
+def _step_row(data: dict[str, Any], path: Path, run: str, step: tuple[str, str]) -> dict[str, Any] | None:
+    """``step``'s measured row in the benchmark record ``data`` (read from ``path``, of the run
+    ``run``), its four MiB figures checked."""
+    net = step[0]
+    rows = [] if run in ONLY_STEP and step != ONLY_STEP[run][0] else data["rows"]
+    row = next((r for r in rows if (r.get("net"), r.get("technique")) == step
+                and r.get("measured peak MiB") is not None), None)
+    if row is None:
+        return None
+    fix = _RUN_FIX.replace("FILE", str(path))
+    found = {k: _mib(row.get(k), f"{path}: {step[1]}'s {k}", fix)
+             for k in ("predicted peak MiB", "measured peak MiB", "measured reserved MiB", "driver used MiB")}
+    found["what"] = f"{net} net, {step[1]}: {data['meta'].get('model', 'the model not named')}"
+    return found
+
+
 def _run_parts(folder: Path, step: tuple[str, str] = STEP
                ) -> tuple[dict[str, str], float | None, dict[str, Any] | None] | None:
     """A run folder's machine, context and ``step`` (net, technique: a benchmark row); None if it
-    records neither."""
+    records neither. A file of it that cannot be read is skipped with a warning naming it."""
     meta, context = None, None
-    kit = folder / "kit.json"
-    if kit.exists():
-        m = json.loads(kit.read_text())["machine"]
-        meta, context = {k: str(m[k]) for k in ("gpu", "date", "torch", "cuda")}, m.get("context MiB")
-    limit = folder / "limit.json"
-    if limit.exists():  # the first run (2026-11-24) had no kit.json: its limit step kept the machine
-        data = json.loads(limit.read_text())
-        meta = meta or {k: str(data["machine"][k]) for k in ("gpu", "date", "torch", "cuda")}
-        context = context if context is not None else data.get("overheads", {}).get("context MiB")
-    net = step[0]
-    for path in benchmark_files(net, folder.parent, run=folder.name):
-        data = json.loads(path.read_text())
-        rows = [] if folder.name in ONLY_STEP and step != ONLY_STEP[folder.name][0] else data["rows"]
-        row = next((r for r in rows if (r.get("net"), r.get("technique")) == step
-                    and r.get("measured peak MiB") is not None), None)
-        if row is not None:
+    # the first run (2026-11-24) had no kit.json: its limit step kept the machine
+    for path in (folder / "kit.json", folder / "limit.json"):
+        if path.exists() or path.is_symlink():
+            try:
+                m, c = kit_machine(path)
+            except RecordError as err:
+                skipped(err)
+                continue
+            meta, context = meta or m, context if context is not None else c
+    for path, data in benchmark_records(step[0], folder.parent, run=folder.name):
+        try:
+            found = _step_row(data, path, folder.name, step)
+        except RecordError as err:
+            skipped(err)
+            continue
+        if found is not None:
             d = data["meta"]
-            meta = meta or {"gpu": d["device"], "date": d["date"], "torch": d["torch"], "cuda": str(d["cuda"])}
-            found = {k: row[k] for k in ("predicted peak MiB", "measured peak MiB", "measured reserved MiB",
-                                         "driver used MiB")}
-            found["what"] = f"{net} net, {step[1]}: {d['model']}"
+            meta = meta or {"gpu": d["device"], "date": d["date"], "torch": d["torch"], "cuda": str(d.get("cuda"))}
             return meta, context, found
     if meta is None or context is None:
         return None

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .checks import RecordError, guard
+from .files import atomic_write
 
 ENV_VAR = "COURSE_SESSION_CACHE"
 
@@ -53,16 +54,14 @@ def shared(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
             try:
                 with open(path, "rb") as f:
                     return pickle.load(f)
-            except (OSError, EOFError, pickle.UnpicklingError):
-                pass  # not computed yet (or the folder is gone): compute it here
+            except Exception:  # noqa: BLE001 - not computed yet, the folder gone, or a file cut short or
+                pass  # foreign (unpickling can raise anything): compute it here
             value = fn(*args)
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            try:
-                with open(tmp, "wb") as f:
-                    pickle.dump(value, f)
-                os.replace(tmp, path)  # whole or not at all: another process may be reading
-            except OSError:
-                tmp.unlink(missing_ok=True)
+            if where.is_dir():  # a folder removed at the session's end is not made again
+                try:  # whole or not at all: another process may be reading
+                    atomic_write(path, pickle.dumps(value))
+                except RecordError:
+                    pass  # a full disk, a folder removed meanwhile: the result is only not shared
             return value
 
         return wrapper

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from course_utils import gpu_report, recorded
+from course_utils.files import SkippedFile
 from course_utils.gpu_kit import budget, diagnose, importer, plan, record, tasks
 from course_utils.gpu_kit.budget import CUT, DONE, ERROR, FAILED, NOT_RUN, RECORDED, Clock, Task
 
@@ -223,11 +224,16 @@ def test_a_dry_run_records_as_it_goes_within_the_limits_and_a_second_run_resumes
     assert f"recorded in {dest.name}" in capsys.readouterr().out
 
 
-def test_an_unreadable_recording_is_skipped_and_named(tmp_path, capsys):
+def test_an_unreadable_recording_is_skipped_and_named(tmp_path):
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / record.STATE).write_text("{not json")
-    assert record.recordings(tmp_path) == []
-    assert f"{tmp_path / 'bad' / record.STATE} is not a readable kit recording" in capsys.readouterr().out
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / record.STATE).write_text('{"machine": {}, "tasks": [{"name": "a", "seconds": "3"}]}')
+    with pytest.warns(SkippedFile) as seen:
+        assert record.recordings(tmp_path) == []
+    assert [str(w.message).count("Fix: restore") for w in seen] == [1, 1]
+    assert f"{tmp_path / 'bad' / record.STATE} should be a kit recording (kit.json), but it is not JSON" in str(seen[0].message)
+    assert f"{tmp_path / 'tasks' / record.STATE} is not a readable kit recording" in str(seen[1].message)
 
 
 def test_a_recorded_notebook_is_skipped_and_failed_tasks_run_after_the_others(tmp_path, capsys):

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from course_utils import recorded
+from course_utils.checks import RecordError
 
 
 def test_record_does_nothing_without_the_kit(tmp_path, monkeypatch):
@@ -49,10 +50,12 @@ def test_missing_figure_says_so(tmp_path, capsys):
 
 def test_bad_values_and_keys(tmp_path, monkeypatch):
     monkeypatch.setenv(recorded.ENV_VAR, str(tmp_path))
-    with pytest.raises(TypeError, match="Fix: convert it"):
+    with pytest.raises(RecordError, match="Fix: convert it"):
         recorded.record("x", object())
-    with pytest.raises(ValueError, match="record key"):
-        recorded.record("bad key", 1)
+    for key in ("bad key", "", "/x", "x/", "a//b", "k" * 151, "a\nb"):
+        with pytest.raises(RecordError, match="record key .*Fix: use letters"):
+            recorded.record(key, 1)
+    assert not list(tmp_path.iterdir())
 
 
 def test_an_installed_wheel_reads_the_unzipped_courses_recorded_folder(tmp_path, monkeypatch):

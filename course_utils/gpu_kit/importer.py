@@ -16,98 +16,142 @@ Then ``python -m course_utils.readme`` renders README's and docs' tables from th
 from __future__ import annotations
 
 import json
-import shutil
 import tarfile
+import zlib
 from pathlib import Path
 from typing import Any
 
 from ..checks import RecordError, guard
-from ..files import atomic_write
+from ..files import atomic_write, read_json, replacing
 from .. import benchmark, recorded
 from . import record
 from .plan import ROOT, slug
 
 
-class NotARun(ValueError):
+class NotARun(RecordError):
     """The files cannot be imported; the message names the file and the fix."""
 
 
-def _unpack(archive: Path, dest: Path) -> list[str]:
-    """Extract the regular files of ``archive`` into ``dest`` (no absolute paths, no '..', no
-    links). Returns their names."""
-    names = []
-    with tarfile.open(archive) as tar:
-        for member in tar.getmembers():
-            parts = Path(member.name).parts
-            if not member.isfile() or member.name.startswith("/") or ".." in parts:
-                continue
-            target = dest.joinpath(*parts)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tar.extractfile(member) as src:
-                atomic_write(target, src.read())
-            names.append(member.name)
-    return names
+def _members(archive: Path) -> dict[str, bytes]:
+    """The regular files of ``archive`` (name -> bytes; no absolute paths, no '..', no links),
+    read whole before anything is written; NotARun naming the archive if it cannot be read."""
+    members = {}
+    try:
+        with tarfile.open(archive) as tar:
+            for member in tar.getmembers():
+                parts = Path(member.name).parts
+                if not member.isfile() or member.name.startswith("/") or ".." in parts:
+                    continue
+                with tar.extractfile(member) as src:
+                    members[Path(*parts).as_posix()] = src.read()
+    except (OSError, tarfile.TarError, EOFError, zlib.error) as err:
+        raise NotARun(f"{archive}: not a readable archive ({type(err).__name__}: {err}).",
+                      "pass the folder the GPU call returned, whole (fetch its files again if one was cut short)") from None
+    return members
 
 
-def _merge_figures(new: dict[str, Any], dest: Path) -> Path:
-    data = new
-    if dest.exists():
-        old = json.loads(dest.read_text())
-        data = {"meta": new["meta"], "figures": record.merge_figures(old.get("figures", {}), new["figures"])}
-    return recorded.write(data, dest)
+def _unpack(members: dict[str, bytes], dest: Path) -> list[str]:
+    """Write ``_members``' files under ``dest``, each whole or not at all. Returns their names."""
+    for name, data in members.items():
+        atomic_write(dest / name, data)
+    return list(members)
 
 
-def _merge_benchmark(files: list[Path], dest_dir: Path) -> list[Path]:
-    written = []
-    for path in files:
-        new = json.loads(path.read_text())
-        stem = recorded.file_stem(new["meta"]["device"])
-        dest = dest_dir / f"{stem}.json"
-        if dest.exists():
-            old = json.loads(dest.read_text())
+_RESULTS_FIX = "restore it (`git checkout -- FILE`), or delete it to start that GPU's results afresh"
+
+
+def _bench_checked(data: dict[str, Any], where: str, fix: str) -> dict[str, Any]:
+    """A benchmark record whose rows ``benchmark.markdown`` and ``benchmark.plot`` can draw (each
+    row's net and technique, its predicted peak a number; the card's GiB in the meta)."""
+    for r in data["rows"]:
+        if not (isinstance(r.get("net"), str) and isinstance(r.get("technique"), str)
+                and isinstance(r.get("predicted peak MiB"), (int, float)) and not isinstance(r.get("predicted peak MiB"), bool)):
+            raise RecordError(f"{where}: a row without its net, technique and predicted peak MiB: {str(r)[:100]}.", fix)
+    if not isinstance(data["meta"].get("budget_gib"), (int, float)) or isinstance(data["meta"].get("budget_gib"), bool):
+        raise RecordError(f"{where}'s meta has no budget_gib (the card's GiB, a number).", fix)
+    try:
+        benchmark.markdown(data)
+    except (KeyError, TypeError, ValueError, IndexError) as err:
+        raise RecordError(f"{where}: its rows do not make a table ({type(err).__name__}: {err}).", fix) from None
+    return data
+
+
+def _merged_benchmarks(details: dict[str, bytes], where: Path, dest_dir: Path) -> dict[Path, dict[str, Any]]:
+    """Each benchmark in ``details`` (the kit's archive at ``where``) merged by net into what
+    ``dest_dir`` holds for its GPU: destination -> record. Everything read and checked, nothing written."""
+    out: dict[Path, dict[str, Any]] = {}
+    for name in sorted(n for n in details if n.startswith("benchmark-") and n.endswith(".json")):
+        fix = "run the benchmark again on the GPU (`python -m course_utils.gpu_report OUT --only benchmark`)"
+        new = _bench_checked(recorded.read_benchmark(f"{where}:{name}", details[name]), f"{where}:{name}", fix)
+        dest = dest_dir / f"{recorded.file_stem(new['meta']['device'])}.json"
+        if dest in out or dest.exists():
+            old = out.get(dest) or _bench_checked(recorded.read_benchmark(dest), str(dest),
+                                                  _RESULTS_FIX.replace("FILE", str(dest)))
             nets = {r["net"] for r in new["rows"]}
             new = {"meta": new["meta"], "rows": [r for r in old["rows"] if r["net"] not in nets] + new["rows"]}
-        dest_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(dest, json.dumps(new, indent=2) + "\n")
-        atomic_write(dest_dir / f"{stem}.md", benchmark.markdown(new))
-        benchmark.plot(new, dest_dir / f"{stem}.png")
-        written.append(dest)
-    return written
+        out[dest] = new
+    return out
+
+
+def _write_benchmark(dest: Path, data: dict[str, Any]) -> None:
+    atomic_write(dest, json.dumps(data, indent=2) + "\n")
+    atomic_write(dest.with_suffix(".md"), benchmark.markdown(data))
+    with replacing(dest.with_suffix(".png")) as tmp:
+        benchmark.plot(data, tmp)
+
+
+def _state(src: Path) -> dict[str, Any]:
+    state_path = src / record.STATE
+    fix = f"pass the folder the GPU call returned (it holds {', '.join(record.OUTPUTS)})"
+    try:
+        state = read_json(state_path, "a kit run's state (kit.json)", fix)
+    except RecordError as err:
+        raise NotARun(str(err).removesuffix(f" Fix: {fix}"), fix) from None
+    machine = state.get("machine")
+    if not isinstance(state.get("tasks"), list) or not all(isinstance(t, dict) for t in state["tasks"]) \
+            or not isinstance(machine, dict) or not all(isinstance(machine.get(k), str) for k in ("date", "gpu")):
+        raise NotARun(f"{state_path}: not a kit run's state (it needs its tasks and the machine's date and gpu).", fix)
+    return state
 
 
 def import_run(files_at: str | Path, root: Path = ROOT, name: str | None = None) -> Path:
     """Put the kit's files in ``files_at`` where ``root`` keeps them (module docstring). Returns
-    the run's folder under ``docs/gpu-runs``."""
+    the run's folder under ``docs/gpu-runs``. Every file is read and checked before the first is
+    written (a bad one raises NotARun / RecordError naming it and the fix, and nothing changes),
+    and each is written whole or not at all."""
     src = Path(files_at)
-    state_path = src / record.STATE
-    try:
-        state = json.loads(state_path.read_text())
-        machine, tasks = state["machine"], state["tasks"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise NotARun(f"{state_path}: not a kit run's state ({type(err).__name__}: {err}). Fix: pass the "
-                           f"folder the GPU call returned (it holds {', '.join(record.OUTPUTS)})") from None
+    state = _state(src)
+    machine, tasks = state["machine"], state["tasks"]
+    details = _members(src / record.DETAILS) if (src / record.DETAILS).exists() else {}
+    notebooks = _members(src / record.NOTEBOOKS) if (src / record.NOTEBOOKS).exists() else {}
+    figures, benches = None, {}
+    if not state.get("dry_run"):
+        if (src / record.RECORDED).exists():
+            new = recorded.read_recording(src / record.RECORDED)
+            rec_dest = root / "recorded" / (recorded.file_stem(new["meta"]["gpu"]) + ".json")
+            old = recorded.read_recording(rec_dest) if rec_dest.exists() else None
+            figures = (rec_dest, len(new["figures"]),
+                       recorded.merge_recordings(old, new, record.merge_figures) if old else new)
+        benches = _merged_benchmarks(details, src / record.DETAILS, root / "benchmarks" / "results")
     runs = root / "docs" / "gpu-runs"
     base = name or f"{machine['date']}-{slug(machine['gpu'])}{'-dry-run' if state.get('dry_run') else ''}"
     dest, k = runs / base, 1
     while dest.exists():
         k += 1
         dest = runs / f"{base}-{k}"
-    dest.mkdir(parents=True)
     for f in (record.STATE, record.SUMMARY, record.LOG):
-        if (src / f).exists():
-            shutil.copyfile(src / f, dest / f)
-    details = _unpack(src / record.DETAILS, dest / "details") if (src / record.DETAILS).exists() else []
-    if (src / record.NOTEBOOKS).exists():
-        _unpack(src / record.NOTEBOOKS, dest / "notebooks")
-    print(f"{dest}: {len(tasks)} tasks, {sum(t['status'] in ('done', 'passed') for t in tasks)} done or passed")
+        if (src / f).is_file():
+            atomic_write(dest / f, (src / f).read_bytes())
+    _unpack(details, dest / "details")
+    _unpack(notebooks, dest / "notebooks")
+    print(f"{dest}: {len(tasks)} tasks, {sum(t.get('status') in ('done', 'passed') for t in tasks)} done or passed")
     if state.get("dry_run"):
         return dest
-    if (src / record.RECORDED).exists():
-        figures = json.loads((src / record.RECORDED).read_text())
-        out = _merge_figures(figures, root / "recorded" / (recorded.file_stem(figures["meta"]["gpu"]) + ".json"))
-        print(f"{out}: {len(figures['figures'])} figures merged")
-    bench = [dest / "details" / n for n in details if n.startswith("benchmark-") and n.endswith(".json")]
-    for out in _merge_benchmark(bench, root / "benchmarks" / "results"):
+    if figures is not None:
+        out = recorded.write(figures[2], figures[0])
+        print(f"{out}: {figures[1]} figures merged")
+    for out, data in benches.items():
+        _write_benchmark(out, data)
         print(f"{out}: benchmark rows merged")
     print("Next: python -m course_utils.readme --render (the tables of README and docs/), then commit docs/gpu-runs/, "
           "recorded/ and benchmarks/results/.")

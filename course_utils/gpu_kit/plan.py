@@ -25,12 +25,14 @@ capped allocator). The first window's recording replaces them.
 
 from __future__ import annotations
 
-import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..checks import RecordError, guard
+from ..files import read_json, skipped
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 #: what each window runs by default: a 15-minute loan less the machine's start (1-2 min), the
@@ -82,7 +84,52 @@ class Planned:
 
 
 def _cells(path: Path) -> list[dict]:
-    return json.loads(path.read_text(encoding="utf-8"))["cells"]
+    fix = f"restore it (`git checkout -- {path}`)"
+    cells = read_json(path, "a notebook", fix).get("cells")
+    if not isinstance(cells, list) or not all(isinstance(c, dict) and isinstance(c.get("source"), (str, list))
+                                              and isinstance(c.get("cell_type"), str) for c in cells):
+        raise RecordError(f"{path} is not a notebook: it needs a list of cells, each with its type and source.", fix)
+    return cells
+
+
+def read_timings(root: Path = ROOT) -> dict[str, Any]:
+    """``results/timings.json`` under ``root`` ({} where it is absent, or, with a warning naming it,
+    where it cannot be read or a row's seconds are not numbers: the plan's estimates are then guesses)."""
+    path = root / "results" / "timings.json"
+    if not path.exists():
+        return {}
+    fix = f"restore it (`git checkout -- {path}`), or time the notebooks again " \
+          "(`python -m course_utils.readme --render --timings`)"
+    try:
+        data = read_json(path, "the notebooks' timings", fix)
+        problem = timings_problem(data)
+        if problem:
+            raise RecordError(f"{path}: {problem}.", fix)
+    except RecordError as err:
+        skipped(err)
+        return {}
+    return data
+
+
+def timings_problem(data: dict[str, Any]) -> str:
+    """What makes ``data`` not a timings file (``readme.notebook_timings``' form), or ''."""
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+    def meta_ok(m: Any) -> bool:
+        return isinstance(m, dict) and all(number(m.get(k)) for k in ("cores", "load average before", "load average after")
+                                           ) and all(isinstance(m.get(k), str) for k in ("date", "torch"))
+    rows = data.get("rows")
+    if not meta_ok(data.get("meta")):
+        return "its meta needs the date and torch (strings), the cores and load averages (numbers >= 0)"
+    if not isinstance(rows, dict) or not all(isinstance(r, dict) for r in rows.values()):
+        return "its rows are not an object of notebook number -> row"
+    for nn, r in rows.items():
+        if not all(number(r[k]) for k in ("notebooks", "solutions") if k in r) or not isinstance(r.get("name", ""), str):
+            return f"row {nn}: its seconds (notebooks, solutions) are not numbers >= 0"
+        if "measured" in r and not meta_ok(r["measured"]):
+            return f"row {nn}: its measured meta needs the date, torch, cores and load averages"
+    return ""
 
 
 def gpu_cells(path: Path) -> int:
@@ -110,8 +157,7 @@ def notebook_estimate(nn: str, cells: int, timings: dict) -> tuple[float, str]:
 
 def notebooks(root: Path = ROOT) -> list[Planned]:
     """The notebook tasks, most GPU cells first, then the shorter first."""
-    timings_path = root / "results" / "timings.json"
-    timings = json.loads(timings_path.read_text()) if timings_path.exists() else {}
+    timings = read_timings(root)
     rows = []
     for path in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         nn, cells = path.name[:2], gpu_cells(path)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import re
 import sys
 import tarfile
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..checks import RecordError, guard
-from ..files import atomic_write
+from ..files import atomic_write, read_json, skipped
 from .budget import COMPLETE
 
 MiB = 2**20
@@ -160,20 +161,29 @@ def pack(path: Path, members: dict[str, bytes], limit: int = LIMITS.file_bytes) 
 # --------------------------------------------------------------------------------------------
 # Recorded runs: what a later run skips, and how long each task took
 # --------------------------------------------------------------------------------------------
+def _task_ok(t: Any) -> bool:
+    seconds = t.get("seconds", 0) if isinstance(t, dict) else None
+    return (isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(seconds, (int, float))
+            and not isinstance(seconds, bool) and math.isfinite(seconds) and seconds >= 0)
+
+
 def recordings(folder: Path = RUNS) -> list[tuple[str, dict[str, Any]]]:
     """``(run name, kit.json)`` of every recorded run under ``folder``, oldest first. A file that
-    cannot be read is skipped with a warning that names it."""
+    cannot be read is skipped with a warning that names it and the fix (``files.SkippedFile``)."""
     runs = []
     for path in sorted(folder.glob(f"*/{STATE}")):
+        fix = f"restore {path} from git (`git checkout -- {path}`), or delete it to run its tasks again"
         try:
-            state = json.loads(path.read_text())
-            state["tasks"], state["machine"]  # noqa: B018 (the keys a recording must have)
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            print(f"warning: {path} is not a readable kit recording ({type(err).__name__}: {err}); skipped. "
-                  f"Fix: restore it from git, or delete it to run its tasks again.")
+            state = read_json(path, "a kit recording (kit.json)", fix)
+            tasks = state.get("tasks")
+            if not isinstance(state.get("machine"), dict) or not isinstance(tasks, list) or not all(map(_task_ok, tasks)):
+                raise RecordError(f"{path} is not a readable kit recording: it needs the machine and its tasks "
+                                  "(a list of objects, each with its name and seconds, a number >= 0).", fix)
+        except RecordError as err:
+            skipped(err)
             continue
         runs.append((path.parent.name, state))
-    return sorted(runs, key=lambda r: (r[1].get("started", ""), r[0]))
+    return sorted(runs, key=lambda r: (str(r[1].get("started", "")), r[0]))
 
 
 def _same_kind(runs: list[tuple[str, dict[str, Any]]], dry_run: bool) -> Iterator[tuple[str, dict[str, Any]]]:

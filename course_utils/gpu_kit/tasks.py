@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 
 from ..checks import RecordError, guard
-from ..files import atomic_write
+from ..files import atomic_write, read_json, skipped
 from .. import benchmark, recorded
 from ..densenet import densenet169, seed004_step_args
 from ..fit import variant
@@ -85,7 +85,10 @@ class Kit:
         if any(self._dropped.values()):
             self.state["left out of the archives"] = [d for v in self._dropped.values() for d in v]
         if self.raw.exists() and any(self.raw.glob("*.json")):
-            atomic_write(self.out / record.RECORDED, json.dumps(recorded.merged(self.raw), indent=1) + "\n")
+            try:  # a figure file that cannot be read is skipped, with a warning naming it
+                atomic_write(self.out / record.RECORDED, json.dumps(recorded.merged(self.raw), indent=1) + "\n")
+            except RecordError as err:
+                self.log(f"recorded figures not collected: {err}")
         atomic_write(self.out / record.STATE, json.dumps(self.state, indent=1, default=str) + "\n")
         if self.summary is not None:
             atomic_write(self.out / record.SUMMARY, self.summary(self.state))
@@ -257,6 +260,22 @@ def fit_examples(kit: Kit) -> dict[str, Any]:
     return {"rows": rows}
 
 
+def _cells_outcomes(path: Path) -> list[dict[str, Any]]:
+    """The cells' outcomes ``nbval_record`` wrote to ``path`` ([] if none, or with a warning
+    naming the file if it cannot be read)."""
+    if not path.exists():
+        return []
+    try:
+        cells = read_json(path, "the cells' outcomes (nbval_record's)", "run the notebook's task again", kind=list)
+        if all(isinstance(c, dict) and "code cell" in c and isinstance(c.get("outcome"), str)
+               and isinstance(c.get("seconds"), (int, float)) and isinstance(c.get("error", ""), str) for c in cells):
+            return cells
+        raise RecordError(f"{path}: a cell's outcome without its outcome, seconds or error.", "run the notebook's task again")
+    except RecordError as err:
+        skipped(err)
+        return []
+
+
 def notebook(kit: Kit, nn: str, clock: Clock) -> dict[str, Any]:
     """Notebook ``nn`` under nbval at full size (tiny in a dry run), executed copy kept
     (``nbval_record``), its figures recorded."""
@@ -270,7 +289,7 @@ def notebook(kit: Kit, nn: str, clock: Clock) -> dict[str, Any]:
     log = keep / f"{path.stem}.log"
     done = run_bounded(cmd, remaining, log, env=env, cwd=kit.root, echo=kit.log.write)
     cells_path = keep / f"{path.stem}.cells.json"
-    cells = json.loads(cells_path.read_text()) if cells_path.exists() else []
+    cells = _cells_outcomes(cells_path)
     failed = [c for c in cells if c["outcome"] == "failed"]
     status = CUT if done.timed_out else PASSED if done.returncode == 0 else FAILED
     out: dict[str, Any] = {"status": status, "notebook": path.name, "cells run": len(cells),

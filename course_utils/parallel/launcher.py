@@ -37,6 +37,7 @@ import torch.distributed as dist
 import torch.multiprocessing
 
 from ..checks import ParallelError, guard
+from ..files import replacing
 from ..tf32 import emulated_if_asked, exact_fp32
 
 COLLECTIVE_TIMEOUT_S = 60
@@ -158,9 +159,8 @@ def _positive(name: str, value: Any) -> float:
 
 
 def _save(path: Path, record: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(record, tmp)
-    os.replace(tmp, path)  # a reader never sees half a file
+    with replacing(path) as tmp:  # a reader never sees half a file; a full disk: RecordError with the fix
+        torch.save(record, tmp)
 
 
 def leave_without_teardown(code: int) -> None:
