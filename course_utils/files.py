@@ -110,7 +110,7 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 
 def _json_problem(text: str, err: ValueError) -> str:
     if isinstance(err, json.JSONDecodeError):
-        if err.pos >= len(text.rstrip()):
+        if err.pos >= len(text.rstrip()) or err.msg.startswith("Unterminated string"):
             return "it stops before its JSON ends: it was cut short (a write stopped half-way, a full disk)"
         return f"it is not JSON ({err.msg} at line {err.lineno}, column {err.colno})"
     return f"it holds JSON that Python cannot read ({str(err)[:120]})"

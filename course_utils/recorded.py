@@ -202,13 +202,14 @@ def _entry(path: Path) -> tuple[str, dict[str, Any]]:
     return e["key"], _figure({**fig, "meta": _machine(e, str(path), fix)}, str(path), fix)
 
 
-def _gathered(figures: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Figures that each carry their machine (``meta``) as one recording: its ``meta`` the machine
-    most of them were recorded on (the first such in key order on a tie); a figure recorded on
-    another machine (another GPU, day or torch) keeps its own ``meta``, which ``lookup`` labels it with."""
-    machines = [tuple(f["meta"][k] for k in MACHINE_KEYS) for f in figures.values()]
-    common = max(dict.fromkeys(machines), key=machines.count)
-    meta = dict(zip(MACHINE_KEYS, common, strict=True))
+def _gathered(figures: dict[str, dict[str, Any]], meta: dict[str, str] | None = None) -> dict[str, Any]:
+    """Figures that each carry their machine (``meta``) as one recording: its ``meta`` the given
+    one, or else the machine most of them were recorded on (the first such in key order on a tie);
+    a figure recorded on another machine (another GPU, day or torch) keeps its own ``meta``, which
+    ``lookup`` labels it with."""
+    if meta is None:
+        machines = [tuple(f["meta"][k] for k in MACHINE_KEYS) for f in figures.values()]
+        meta = dict(zip(MACHINE_KEYS, max(dict.fromkeys(machines), key=machines.count), strict=True))
     return {"meta": meta, "figures": {k: f if f["meta"] != meta else {n: v for n, v in f.items() if n != "meta"}
                                       for k, f in figures.items()}}
 
@@ -220,10 +221,11 @@ def _spread(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def merge_recordings(old: dict[str, Any], new: dict[str, Any],
                      merge: Callable[[dict, dict], dict] | None = None) -> dict[str, Any]:
-    """Two recordings (``read_recording``'s form) as one: a figure in both is the new one (or
-    ``merge(old figures, new figures)``'s), and every figure keeps the machine it was recorded on."""
+    """Two recordings (``read_recording``'s form) as one, under the new one's meta: a figure in both
+    is the new one (or ``merge(old figures, new figures)``'s), and every figure keeps the machine
+    it was recorded on."""
     both = merge(_spread(old), _spread(new)) if merge else {**_spread(old), **_spread(new)}
-    return _gathered(both)
+    return _gathered(both, new["meta"])
 
 
 def merged(src: str | Path) -> dict[str, Any]:

@@ -4,6 +4,7 @@ skipped, a dry run never stands for a GPU run), its output within a GPU call's r
 the executed notebook nbval keeps, and the dry run of real tasks, so the kit cannot rot between
 GPU runs."""
 
+import errno
 import json
 import os
 import subprocess
@@ -15,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_utils import gpu_report, recorded
+from course_utils import files, gpu_report, recorded
+from course_utils.checks import RecordError
 from course_utils.files import SkippedFile
 from course_utils.gpu_kit import budget, diagnose, importer, plan, record, tasks
 from course_utils.gpu_kit.budget import CUT, DONE, ERROR, FAILED, NOT_RUN, RECORDED, Clock, Task
@@ -437,3 +439,88 @@ def test_the_prediction_op_by_op_names_the_op_a_real_kernel_allocates_more_for()
     same = diagnose.compare_ops(measured, fake)
     assert same["ops whose outputs are larger"] == same["ops whose outputs are smaller"] == []
     assert same["ops matched"] > 300
+
+
+# -- files: writes whole or not at all, reads that name the file (issue 43) -------------------------
+@pytest.mark.parametrize("code, words", [(errno.ENOSPC, "the disk is full.*Fix: free space"),
+                                         (errno.EROFS, "its folder cannot be written.*Fix: make .* writable"),
+                                         (errno.EACCES, "its folder cannot be written.*Fix: make .* writable")])
+def test_a_failed_write_names_the_file_and_the_fix_and_leaves_the_old_file(tmp_path, monkeypatch, code, words):
+    """Issue 43: a full disk or a read-only folder gave a raw OSError. Now RecordError names the
+    file and the fix, the old file is whole and no temporary file is left."""
+    path = tmp_path / "kit.json"
+    files.atomic_write(path, "old")
+
+    def fail(*args):
+        raise OSError(code, os.strerror(code))
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(RecordError, match=f"Could not write {path}: {words}"):
+        files.atomic_write(path, "new" * 1000)
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["kit.json"]
+
+
+def test_a_folder_where_the_file_goes_and_a_library_write_that_fails(tmp_path):
+    (tmp_path / "x.json").mkdir()
+    with pytest.raises(RecordError, match="a folder stands where the file goes.*Fix: remove or rename"):
+        files.atomic_write(tmp_path / "x.json", "{}")
+    (tmp_path / "f").write_text("")
+    with pytest.raises(RecordError, match="a file stands where a folder of its path goes"):
+        files.atomic_write(tmp_path / "f" / "x.json", "{}")
+    with pytest.raises(RecordError, match="disk is full"), files.replacing(tmp_path / "p.png") as tmp:
+        assert tmp.suffix == ".png" and tmp.parent == tmp_path  # savefig picks the format from it
+        tmp.write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f", "x.json"]
+
+
+@pytest.mark.parametrize("content, problem", [
+    (b"", "it is empty"), (b'{"tasks": [1, ', "it stops before its JSON ends: it was cut short"),
+    (b"\xff\xfe\x00", "it is not text"), (b"{'a': 1}", "it is not JSON"), (b"[1]", r"its JSON is a list \(\[...\]\), not an object"),
+    (b"1" * 5000, "JSON that Python cannot read"), (b"[" * 100_000, "nests too deeply")])
+def test_read_json_names_the_file_what_is_wrong_and_the_fix(tmp_path, content, problem):
+    path = tmp_path / "kit.json"
+    path.write_bytes(content)
+    with pytest.raises(RecordError, match=f"{path} should be a kit's state, but .*{problem}.*Fix: run it again"):
+        files.read_json(path, "a kit's state", "run it again")
+
+
+def test_read_json_of_a_folder_a_missing_file_and_a_link_to_nothing(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "l").symlink_to(tmp_path / "nothing")
+    for name, problem in (("d", "it is a folder"), ("none", "it does not exist"),
+                          ("l", "it is a link to a file that does not exist")):
+        with pytest.raises(RecordError, match=f"{tmp_path / name} should be .*, but {problem}.*Fix: restore"):
+            files.read_json(tmp_path / name)
+
+
+def test_an_import_with_a_cut_recording_writes_nothing_and_names_it(tmp_path):
+    """Issue 43: the import wrote the run's folder, then failed on recorded/<gpu>.json cut short
+    with a JSONDecodeError naming no file. Every file is read before the first write now."""
+    gpu = "NVIDIA Test GPU"
+    root, src = tmp_path / "repo", tmp_path / "files"
+    src.mkdir()
+    meta = {"gpu": gpu, "torch": "2.11", "cuda": "13.0", "date": "2026-11-28"}
+    (src / record.STATE).write_text(json.dumps({"dry_run": False, "machine": meta, "tasks": []}))
+    (src / record.RECORDED).write_text(json.dumps({"meta": meta, "figures": {"02/new": {"kind": "json", "data": 2}}}))
+    cut = root / "recorded" / f"{recorded.file_stem(gpu)}.json"
+    cut.parent.mkdir(parents=True)
+    cut.write_text('{"meta": {"gpu": "NVIDIA Test GPU", "tor')
+    with pytest.raises(RecordError, match=f"{cut} should be a recording .*cut short.*Fix: restore"):
+        importer.import_run(src, root=root)
+    assert not (root / "docs").exists() and cut.read_text().endswith('"tor')
+    (src / record.DETAILS).write_bytes(b"\x1f\x8b not an archive")
+    cut.unlink()
+    with pytest.raises(importer.NotARun, match=f"{src / record.DETAILS}: not a readable archive.*Fix:"):
+        importer.import_run(src, root=root)
+    assert not (root / "docs").exists() and not cut.exists()
+
+
+def test_the_plan_reads_a_bad_timings_file_as_none_with_a_warning(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "notebooks").mkdir()
+    for text in ('{"meta": {"date": "d", "torch": "t", "cores": 2, "load average before": 1, "load',
+                 '{"meta": {"date": "d", "torch": "t", "cores": 2, "load average before": 1, '
+                 '"load average after": 1}, "rows": {"00": {"notebooks": "12"}}}'):
+        (tmp_path / "results" / "timings.json").write_text(text)
+        with pytest.warns(SkippedFile, match="timings.json.*Fix: restore"):
+            assert plan.read_timings(tmp_path) == {}

@@ -270,3 +270,31 @@ def test_timings_of_an_unknown_notebook_are_refused(capsys):
     with pytest.raises(SystemExit):
         readme.main(["--render", "--timings", "99"])
     assert "no notebook 99 in notebooks/" in capsys.readouterr().err
+
+
+def test_a_cut_or_hostile_timings_or_figures_file_is_named_with_the_fix(tmp_path, monkeypatch):
+    """Issue 43: results/timings.json or results/figures.json cut short (or of the wrong shape)
+    broke `python -m course_utils.readme --render` with a JSONDecodeError (or a KeyError) naming
+    no file; `--timings NN` found it only after timing the notebooks."""
+    import pytest
+
+    from course_utils.checks import RecordError
+
+    timings, figures = tmp_path / "timings.json", tmp_path / "figures.json"
+    monkeypatch.setattr(readme, "TIMINGS", timings)
+    monkeypatch.setattr(readme, "FIGURES", figures)
+    monkeypatch.setattr(readme, "notebook_timings", lambda only: pytest.fail("timed before reading the old file"))
+    good = json.loads(readme.__dict__["ROOT"].joinpath("results", "timings.json").read_text())
+    for text, problem in (('{"meta": {"date": "2026', "cut short"),
+                          (json.dumps({**good, "rows": {"00": {"notebooks": -3}}}), "row 00: its seconds"),
+                          (json.dumps({"rows": {}}), "its meta needs")):
+        timings.write_text(text)
+        with pytest.raises(RecordError, match=f"{timings}.*{problem}.*Fix: restore it"):
+            readme.write_timings(["00"])
+        assert timings.read_text() == text
+    timings.write_text(json.dumps(good))
+    for text, problem in (("", "it is empty"), ('{"meta": {"date": "d", "torch": "t"}, "rows": [{"key": 1}]}',
+                                                "its rows are not a list of headlines")):
+        figures.write_text(text)
+        with pytest.raises(RecordError, match=f"{figures}.*{problem}.*Fix: restore it"):
+            readme.main(["--render"])

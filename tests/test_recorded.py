@@ -1,13 +1,18 @@
 """course_utils.recorded: GPU figures recorded by the kit, shown on CPU with their origin."""
 
+import contextlib
+import errno
 import json
 import os
+import resource
+import signal
 
 import pandas as pd
 import pytest
 
 from course_utils import recorded
 from course_utils.checks import RecordError
+from course_utils.files import SkippedFile
 
 
 def test_record_does_nothing_without_the_kit(tmp_path, monkeypatch):
@@ -243,3 +248,138 @@ def test_gpu_runs_read_any_benchmark_step_and_skip_rows_a_run_disowns(tmp_path, 
     assert {r.meta["gpu"]: r.step and r.step["measured peak MiB"] for r in fp16} == {
         "NVIDIA H100 80GB HBM3": None, "NVIDIA H200": 5101}
     assert recorded.latest_step("small", "fp16 model (seed 000)").step["measured reserved MiB"] == 9162
+
+
+# --------------------------------------------------------------------------------------------
+# Bad files (issue 43): a truncated or hostile recording is skipped, named, and the rest serve;
+# a write that fails leaves the old file whole; each figure keeps the GPU it was recorded on
+# --------------------------------------------------------------------------------------------
+_META = {"gpu": "NVIDIA Good GPU", "torch": "2.11", "cuda": "13.0", "date": "2026-11-27"}
+
+
+def _recording_folder(tmp_path, monkeypatch, bad: bytes) -> tuple:
+    """A recorded/ folder of one good recording (the CUDA context: 777 MiB) and one bad file,
+    where ``show`` and ``lookup`` read by default ($COURSE_RECORDED)."""
+    folder = tmp_path / "recorded"
+    folder.mkdir()
+    recorded.write({"meta": _META, "figures": {"00/cuda_context": {"kind": "json", "data": {"context_MiB": 777.0}}}},
+                   folder / "NVIDIA_Good_GPU.json")
+    (folder / "NVIDIA_Cut_GPU.json").write_bytes(bad)
+    monkeypatch.setenv(recorded.SHOW_ENV_VAR, str(folder))
+    return folder, folder / "NVIDIA_Cut_GPU.json"
+
+
+def test_one_truncated_recording_no_longer_breaks_fit_explorer_and_show(tmp_path, monkeypatch, capsys):
+    """Issue 43: one truncated recording (what a full disk during the old, in-place
+    ``recorded.collect`` left) broke ``fit``, ``explorer.estimate`` (both read the CUDA context
+    through ``budget.overheads``) and every ``show()`` with a JSONDecodeError naming no file. Now
+    the file is skipped with a warning naming it and the fix, and the good recording serves."""
+    from course_utils import budget, explorer
+
+    good = (tmp_path / "good.json")
+    recorded.write({"meta": _META, "figures": {"00/cuda_context": {"kind": "json", "data": {"context_MiB": 777.0}}}}, good)
+    _, bad = _recording_folder(tmp_path, monkeypatch, good.read_bytes()[:150])
+    with pytest.warns(SkippedFile, match=f"{bad}.*cut short.*Fix: restore"):
+        assert budget.overheads().context_mib == 777.0  # what fit and explorer.estimate read
+    with pytest.warns(SkippedFile, match=str(bad)):
+        assert recorded.show("00/cuda_context") == {"context_MiB": 777.0}
+    assert "recorded on NVIDIA Good GPU" in capsys.readouterr().out
+    cfg = explorer.Config(levels=3, base_channels=8, volume=(16, 32, 32), batch=2, precision="fp32", seed000=False)
+    with pytest.warns(SkippedFile, match=str(bad)):
+        assert explorer.estimate(cfg).overheads.context_mib == 777.0
+
+
+@pytest.mark.parametrize("bad", [b"", b"\x00\xff\x80garbage", b"[1, 2]", b"null", b'{"meta": 5, "figures": {}}',
+                                 b'{"meta": {"gpu": "G"}, "figures": {}}',
+                                 b'{"meta": {"gpu": "G", "torch": "t", "cuda": "c", "date": "d"}, "figures": []}',
+                                 b'{"meta": {"gpu": "G", "torch": "t", "cuda": "c", "date": "d"}, '
+                                 b'"figures": {"00/cuda_context": {"kind": "table", "data": 3, "columns": []}}}'])
+def test_a_hostile_recording_is_skipped_and_named(tmp_path, monkeypatch, bad):
+    _, path = _recording_folder(tmp_path, monkeypatch, bad)
+    with pytest.warns(SkippedFile) as seen:
+        rec = recorded.lookup("00/cuda_context")
+    assert rec.value == {"context_MiB": 777.0} and rec.meta["gpu"] == "NVIDIA Good GPU"
+    assert len(seen) == 1 and str(path) in str(seen[0].message) and "Fix: restore" in str(seen[0].message)
+
+
+def test_a_figure_whose_table_pandas_cannot_build_is_skipped_and_named(tmp_path, monkeypatch):
+    bad = json.dumps({"meta": {**_META, "date": "2030-01-01"}, "figures": {"00/cuda_context": {
+        "kind": "table", "columns": ["a", "b"], "data": [[1, 2, 3]]}}}).encode()
+    _, path = _recording_folder(tmp_path, monkeypatch, bad)
+    with pytest.warns(SkippedFile, match=f"{path}: figure '00/cuda_context' is not a table"):
+        assert recorded.lookup("00/cuda_context").value == {"context_MiB": 777.0}
+
+
+def test_collect_under_a_full_disk_leaves_the_old_recording_whole(tmp_path, monkeypatch):
+    """Issue 43: ``collect`` wrote in place, so a full disk left half a file (which then broke
+    every reader) and raised a raw OSError. The disk fills here during the rename."""
+    raw, dest = tmp_path / "raw", tmp_path / "recorded" / "G.json"
+    recorded.record("00/cuda_context", {"context_MiB": 1.0}, folder=raw)
+    recorded.collect(raw, dest)
+    before = dest.read_bytes()
+    recorded.record("02/new", {"x": list(range(1000))}, folder=raw)
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(RecordError, match=f"Could not write {dest}: the disk is full.*Fix: free space"):
+        recorded.collect(raw, dest)
+    assert dest.read_bytes() == before and sorted(p.name for p in dest.parent.iterdir()) == ["G.json"]
+
+
+def test_a_failed_record_leaves_no_half_figure(tmp_path):
+    """``record`` wrote in place too: a write cut short (here at a file size limit, as a full
+    disk cuts it) left half a figure, which ``merged`` then failed on, naming no file."""
+    recorded.record("00/t", "old", folder=tmp_path)
+    with _file_size_limit(600), pytest.raises(RecordError, match=f"Could not write {tmp_path / '00__t.json'}"):
+        recorded.record("00/t", "x" * 5000, folder=tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["00__t.json"]
+    assert recorded.merged(tmp_path)["figures"]["00/t"]["data"] == "old"
+
+
+@contextlib.contextmanager
+def _file_size_limit(n: int):
+    """Writes past ``n`` bytes fail (EFBIG), as they do on a full disk, in this process only."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (n, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old)
+
+
+def test_figures_collected_from_two_gpus_each_keep_their_own_gpu(tmp_path, monkeypatch):
+    """Issue 43: ``merged`` labelled every figure with the first file's machine, so figures
+    collected from two GPUs (a record folder used on two machines) all got one GPU's label. Each
+    figure now keeps the machine it was recorded on; the recording's meta is that of most."""
+    raw = tmp_path / "raw"
+    for key, gpu in (("00/a", "NVIDIA H100"), ("00/b", "NVIDIA H200"), ("00/c", "NVIDIA H200")):
+        monkeypatch.setattr(recorded, "machine", lambda gpu=gpu: {**_META, "gpu": gpu})
+        recorded.record(key, {"on": gpu}, folder=raw)
+    path = recorded.collect(raw, tmp_path / "recorded" / "NVIDIA_H200.json")
+    assert json.loads(path.read_text())["meta"]["gpu"] == "NVIDIA H200"
+    for key, gpu in (("00/a", "NVIDIA H100"), ("00/b", "NVIDIA H200"), ("00/c", "NVIDIA H200")):
+        rec = recorded.lookup(key, path.parent)
+        assert rec.value == {"on": gpu} and rec.label.startswith(f"recorded on {gpu},"), rec.label
+
+
+def test_merging_a_new_recording_keeps_each_old_figures_machine():
+    """The importer merges a run's figures into what that GPU recorded before: a figure not
+    recorded again keeps its own date and torch (the old code relabelled it with the new run's)."""
+    old = {"meta": {**_META, "date": "2026-11-20", "torch": "2.10"}, "figures": {"a": {"kind": "json", "data": 1}}}
+    new = {"meta": _META, "figures": {"b": {"kind": "json", "data": 2}}}
+    both = recorded.merge_recordings(old, new)
+    assert both["meta"] == _META and "meta" not in both["figures"]["b"]
+    assert both["figures"]["a"]["meta"]["torch"] == "2.10" and both["figures"]["a"]["meta"]["date"] == "2026-11-20"
+
+
+def test_merged_skips_a_figure_file_cut_short_and_refuses_a_folder_of_none(tmp_path):
+    recorded.record("00/a", 1, folder=tmp_path)
+    (tmp_path / "00__b.json").write_text('{"key": "00/b", "gpu": "G", "torch')
+    with pytest.warns(SkippedFile, match="00__b.json .*cut short"):
+        assert list(recorded.merged(tmp_path)["figures"]) == ["00/a"]
+    (tmp_path / "00__a.json").unlink()
+    with pytest.warns(SkippedFile), pytest.raises(RecordError, match="no readable recorded figures.*Fix:"):
+        recorded.merged(tmp_path)

@@ -66,3 +66,28 @@ def test_every_session_makes_its_own_folder_and_removes_it(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     inner = r.stdout.split("FOLDER=")[1].split()[0]
     assert inner != outer and not Path(inner).exists()  # its own, removed at its end
+
+
+def test_a_foreign_or_hostile_file_is_computed_again_and_a_failed_write_only_not_shared(tmp_path, monkeypatch):
+    """Issue 43: a file unpickling raises anything else for (a class no longer importable, a
+    folder where the file goes) broke the function it caches; a full disk now only means the
+    result is not shared, with no temporary file left."""
+    import errno
+    import pickle
+
+    monkeypatch.setenv(session_cache.ENV_VAR, str(tmp_path))
+    calls = []
+    square = _counting(calls)
+    square(6)
+    path = next(tmp_path.glob("test.square-*.pickle"))
+    path.write_bytes(pickle.dumps(0)[:2] + b"cno_such_module\nThing\n.")  # a class of a module that is gone
+    assert square(6) == {"x": (6, 36)} and calls == [6, 6]
+    path.unlink()
+    path.mkdir()
+    assert square(6) == {"x": (6, 36)} and calls == [6, 6, 6]
+    path.rmdir()
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "replace", full)
+    assert square(7) == {"x": (7, 49)} and [p.name for p in tmp_path.iterdir()] == []

@@ -165,3 +165,23 @@ def test_a_recorded_cuda_snapshot_ends_at_memory_allocated(tmp_path):
     assert tl.total[-1] == allocated
     assert max(tl.total) >= allocated + 5 * MiB
     del work.kept
+
+
+def test_the_viewer_page_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """Issue 43: ``show_snapshot(html=...)`` wrote the page in place: a full disk left half a page
+    and raised a raw OSError. Now the old page stays whole and RecordError names the fix."""
+    import errno
+    import os
+
+    from course_utils.checks import RecordError
+
+    page = tmp_path / "viewer.html"
+    page.write_text("old page")
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(RecordError, match=f"Could not write {page}: the disk is full.*Fix: free space"):
+        allocator.show_snapshot(fixture_snapshot(), html=page)
+    plt.close("all")
+    assert page.read_text() == "old page" and [p.name for p in tmp_path.iterdir()] == ["viewer.html"]

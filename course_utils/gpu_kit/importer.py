@@ -45,7 +45,7 @@ def _members(archive: Path) -> dict[str, bytes]:
                 with tar.extractfile(member) as src:
                     members[Path(*parts).as_posix()] = src.read()
     except (OSError, tarfile.TarError, EOFError, zlib.error) as err:
-        raise NotARun(f"{archive}: not a readable archive ({type(err).__name__}: {err}).",
+        raise NotARun(f"{archive}: not a readable archive ({type(err).__name__}: {(str(err) or '-').splitlines()[0]}).",
                       "pass the folder the GPU call returned, whole (fetch its files again if one was cut short)") from None
     return members
 
