@@ -708,4 +708,4 @@ def recorded_benchmarks(net: str = "large", techniques: Sequence[str] | None = R
     return pd.DataFrame(rows)
 
 
-guard(globals(), TechniqueError)
+guard(globals(), TechniqueError, zero=("segments",))

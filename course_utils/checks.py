@@ -54,7 +54,7 @@ class SetupError(CourseError):
 
 
 class MeasureError(CourseError):
-    """memory (the meters, the predictor, CUDA peaks), train, compare."""
+    """memory, train, compare: the meters, the predictor, CUDA peaks, the training step."""
 
 
 class LoopError(CourseError):
@@ -62,7 +62,8 @@ class LoopError(CourseError):
 
 
 class TechniqueError(CourseError):
-    """checkpointing, inplace_abn, budget, allocator, limit_test, explorer, benchmark, amp_check."""
+    """checkpointing, inplace_abn, budget, allocator, limit_test, explorer, benchmark, amp_check:
+    the techniques, the budgets they fit, the benchmark."""
 
 
 class NetworkError(CourseError):
@@ -93,19 +94,19 @@ class ScaffoldError(CourseError):
     learner's zip and wheel."""
 
 
-#: every family's error type, and the modules it covers (its docstring)
+#: every family's error type; its docstring begins with the modules it covers ("a, b, c: ...")
 FAMILIES = (SetupError, MeasureError, LoopError, TechniqueError, NetworkError, TilingError,
             ParallelError, FitError, RecordError, ScaffoldError)
 
 #: names of numbers that count or size something: at least 1 wherever they appear
 POSITIVE = frozenset("""
-    accumulate base base_channels batch batch_size bn_size budget_bytes budget_gib budget_mib c_in
+    accumulate base base_channels cell_timeout check_timeout collective_timeout_s batch batch_size bn_size budget_bytes budget_gib budget_mib c_in
     c_out card_gib channels channels_per_group cin depth dilation disk_gib global_batch gpus
     growth_rate heads height hidden hidden_dim image image_size in_channels input_shape jobs kernel
     lanes levels local_batch memory_gib micro micro_batches mlp_dim mlp_ratio n_classes n_layers
     nproc num_classes num_convs num_features num_heads num_init_features num_labels num_layers
     out_channels patch patch_size planes reps rounds segments side sides slab spatial_dims stages
-    stride sweeps target_shape threads tiles timeout_s total_gib trials type_vocab units vocab
+    stride sweeps target_shape threads tiles timeout_s total_gib total_timeout trials type_vocab units vocab
     width world world_size
 """.split())
 
@@ -115,12 +116,14 @@ SIGNED = frozenset({"axis", "dim", "returncode", "code", "salt", "sig"})
 
 class Check(typing.NamedTuple):
     """One argument ``guard`` checks: its name, its position (None: keyword-only), what it must
-    be (words), and the test: ``test(value)`` is True when the value is acceptable."""
+    be (words), ``test(value)``: True when the value is acceptable, and ``kind(value)``: True
+    when it is of an acceptable kind, whatever its value (else the error is also a TypeError)."""
 
     name: str
     position: int | None
     expected: str
     test: Callable[[Any], bool]
+    kind: Callable[[Any], bool]
     annotation: Any
 
 
@@ -128,114 +131,139 @@ _MISSING = object()
 _NONE_TYPE = type(None)
 
 
-def _number_domain(name: str, rules: dict) -> tuple[float, str]:
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _int_check(name: str, rules: dict) -> tuple[str, Callable, Callable]:
     if name in rules["signed"]:
-        return -math.inf, ""
-    if name in rules["positive"]:
-        return 1, " >= 1"
-    return 0, " >= 0"
+        return "a whole number", _is_int, _is_int
+    low = 0 if name in rules["zero"] or name not in rules["positive"] else 1
+    return f"a whole number >= {low}", lambda v: _is_int(v) and v >= low, _is_int
 
 
-def _int_check(name: str, rules: dict) -> tuple[str, Callable[[Any], bool]]:
-    low, words = _number_domain(name, rules)
-
-    def test(v: Any) -> bool:
-        return isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= low
-    return f"a whole number{words}", test
-
-
-def _float_check(name: str, rules: dict) -> tuple[str, Callable[[Any], bool]]:
-    low, words = _number_domain(name, rules)
-    strict = low == 1  # a positive float: > 0, not >= 1
+def _float_check(name: str, rules: dict) -> tuple[str, Callable, Callable]:
+    signed, nan = name in rules["signed"], name in rules["nan"]
+    strict = name in rules["positive"] and name not in rules["zero"]
     infinite = name in rules["infinite"]
 
     def test(v: Any) -> bool:
-        if not isinstance(v, numbers.Real) or isinstance(v, bool):
+        if not _is_real(v):
             return False
         f = float(v)
-        if math.isnan(f) or (math.isinf(f) and not (infinite and f > 0)):
+        if math.isnan(f):
+            return nan
+        if math.isinf(f) and not (infinite and f > 0):
             return False
-        return f > 0 if strict else f >= low
-    what = " > 0" if strict else words
-    return f"a {'' if infinite else 'finite '}number{what}", test
+        return signed or (f > 0 if strict else f >= 0)
+    words = "" if signed else (" > 0" if strict else " >= 0")
+    finite = "" if infinite else "finite "
+    return f"a {finite}number{words}" + (" or NaN (not known)" if nan else ""), test, _is_real
 
 
-def _isinstance_check(cls: type) -> tuple[str, Callable[[Any], bool]] | None:
+_ClassCheck = tuple[str, Callable, Callable]
+
+
+def _isinstance_check(cls: type) -> _ClassCheck | None:
     if getattr(cls, "_is_protocol", False) and not getattr(cls, "_is_runtime_protocol", False):
         return None
     torch = sys.modules.get("torch")  # a torch class in an annotation means torch is imported
     if torch is not None and cls is torch.device:
-        return "a torch.device or a device name such as 'cuda'", lambda v: isinstance(v, (torch.device, str, int)) and not isinstance(v, bool)
+        def device(v: Any) -> bool:
+            return isinstance(v, (torch.device, str)) or (_is_int(v) and v >= 0)
+        return "a torch.device or a device name such as 'cuda'", device, device
     if torch is not None and cls is torch.dtype:
-        return "a torch.dtype such as torch.float16", lambda v: isinstance(v, torch.dtype)
+        return "a torch.dtype such as torch.float16", *(lambda v: isinstance(v, torch.dtype),) * 2
     if issubclass(cls, PurePath):
-        return "a path (a str or a pathlib.Path)", lambda v: isinstance(v, (str, os.PathLike))
+        return "a path (a str or a pathlib.Path)", *(lambda v: isinstance(v, (str, os.PathLike)),) * 2
     name = f"{cls.__module__}.{cls.__qualname__}".replace("torch.nn.modules.module.", "torch.nn.")
-    return f"a {name.replace('builtins.', '')}", lambda v: isinstance(v, cls)
+    return f"a {name.replace('builtins.', '')}", *(lambda v: isinstance(v, cls),) * 2
 
 
-def _element_check(inner: Any, name: str, rules: dict) -> tuple[str, Callable[[Any], bool]] | None:
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _element_check(inner: Any, name: str, rules: dict) -> _ClassCheck | None:
     if inner is int:
         return _int_check(name, rules)
     if inner is float:
         return _float_check(name, rules)
     if inner is str:
-        return "a str", lambda v: isinstance(v, str)
+        return "a str", _is_str, _is_str
     return None
 
 
-def _sequence_check(origin: type, args: tuple, name: str, rules: dict) -> tuple[str, Callable[[Any], bool]]:
+def _sequence_check(origin: type, args: tuple, name: str, rules: dict) -> _ClassCheck:
     homogeneous = origin is not tuple or (len(args) == 2 and args[1] is Ellipsis)
     inner = _element_check(args[0], name, rules) if args and homogeneous else None
 
-    def test(v: Any) -> bool:
+    def kind(v: Any) -> bool:
         if isinstance(v, (str, bytes)) or not isinstance(v, collections.abc.Iterable):
             return False
-        if inner is not None and isinstance(v, (list, tuple)):
-            return all(inner[1](x) for x in v)
-        return True
-    what = f"a sequence of {inner[0].removeprefix('a ')}s" if inner else "a list or a tuple"
-    return what, test
+        return inner is None or not isinstance(v, (list, tuple)) or all(inner[2](x) for x in v)
+
+    def test(v: Any) -> bool:
+        return kind(v) and (inner is None or not isinstance(v, (list, tuple)) or all(inner[1](x) for x in v))
+    what = f"a sequence, each item {inner[0]}" if inner else "a list or a tuple"
+    return what, test, kind
 
 
-def _checker(hint: Any, name: str, rules: dict) -> tuple[str, Callable[[Any], bool]] | None:
-    """(what the argument must be, its test), or None where the annotation says nothing checkable."""
+def _is_bool(v: Any) -> bool:
+    return isinstance(v, bool) or type(v).__name__ == "bool_"
+
+
+def _is_mapping(v: Any) -> bool:
+    return isinstance(v, collections.abc.Mapping)
+
+
+def _union_check(args: tuple, name: str, rules: dict) -> _ClassCheck | None:
+    arms = [a for a in args if a is not _NONE_TYPE]
+    parts = [_checker(a, name, rules) for a in arms]
+    if any(p is None for p in parts):
+        return None
+    nullable = len(arms) < len(args)
+    words = " or ".join(p[0] for p in parts) + (" or None" if nullable else "")
+    return (words, lambda v: (nullable and v is None) or any(p[1](v) for p in parts),
+            lambda v: (nullable and v is None) or any(p[2](v) for p in parts))
+
+
+def _checker(hint: Any, name: str, rules: dict) -> _ClassCheck | None:
+    """(what the argument must be, its test, its kind test), or None where the annotation says
+    nothing checkable."""
     if hint is None or hint is Any or isinstance(hint, (typing.TypeVar, str)):
         return None
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        arms = [a for a in args if a is not _NONE_TYPE]
-        parts = [_checker(a, name, rules) for a in arms]
-        if any(p is None for p in parts):
-            return None
-        nullable = len(arms) < len(args)
-        words = " or ".join(p[0] for p in parts) + (" or None" if nullable else "")
-        return words, lambda v: (nullable and v is None) or any(p[1](v) for p in parts)
+        return _union_check(args, name, rules)
     if origin is typing.Literal:
-        choices = args
-        return "one of " + ", ".join(map(repr, choices)), lambda v: any(v == c and type(v) is type(c) for c in choices)
+        kinds = tuple({type(c) for c in args})
+        return ("one of " + ", ".join(map(repr, args)),
+                lambda v: any(v == c and type(v) is type(c) for c in args), lambda v: isinstance(v, kinds))
     if origin is not None:
         if origin in (list, tuple, collections.abc.Sequence, set, frozenset, collections.abc.Iterable):
             return _sequence_check(origin, args, name, rules)
         if origin in (dict, collections.abc.Mapping):
-            return "a dict", lambda v: isinstance(v, collections.abc.Mapping)
+            return "a dict", _is_mapping, _is_mapping
         if origin is collections.abc.Callable:
-            return "a function (something callable)", callable
+            return "a function (something callable)", callable, callable
         return None
-    if hint is bool:
-        return "True or False", lambda v: isinstance(v, bool) or type(v).__name__ == "bool_"
+    simple = {bool: ("True or False", _is_bool, _is_bool), str: ("a str", _is_str, _is_str),
+              dict: ("a dict", _is_mapping, _is_mapping)}
+    if hint in simple:
+        return simple[hint]
     if hint is int:
         return _int_check(name, rules)
     if hint is float:
         return _float_check(name, rules)
-    if hint is str:
-        return "a str", lambda v: isinstance(v, str)
     if hint is collections.abc.Callable or hint is typing.Callable:
-        return "a function (something callable)", callable
+        return "a function (something callable)", callable, callable
     if hint in (list, tuple):
         return _sequence_check(hint, (), name, rules)
-    if hint is dict:
-        return "a dict", lambda v: isinstance(v, collections.abc.Mapping)
     if isinstance(hint, type) and hint is not object:
         return _isinstance_check(hint)
     return None
@@ -264,13 +292,21 @@ def _checks(func: Callable, namespace: dict, rules: dict) -> tuple[Check, ...]:
         found = _checker(hints.get(p.name), p.name, rules)
         if found is not None:
             position = None if p.kind is p.KEYWORD_ONLY else i
-            out.append(Check(p.name, position, found[0], found[1], hints.get(p.name)))
+            out.append(Check(p.name, position, *found, hints.get(p.name)))
     return tuple(out)
 
 
 def _show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+@functools.cache
+def _kind_error(error: type[CourseError]) -> type[CourseError]:
+    """``error`` that is also a TypeError: an argument of the wrong kind (a str for a number), as
+    Python's own functions say; ``except FitError`` and ``except TypeError`` both catch it."""
+    return type(error.__name__, (error, TypeError), {"__module__": error.__module__,
+                                                     "__doc__": error.__doc__})
 
 
 def _wrap(func: Callable, where: str, checks: tuple[Check, ...], error: type[CourseError]) -> Callable:
@@ -284,8 +320,9 @@ def _wrap(func: Callable, where: str, checks: tuple[Check, ...], error: type[Cou
                 if value is _MISSING:
                     continue
             if not c.test(value):
-                raise error(f"{where}: {c.name}={_show(value)} ({type(value).__name__}) is not "
-                            f"{c.expected}.", f"pass {c.name} as {c.expected}.")
+                kind = error if c.kind(value) else _kind_error(error)
+                raise kind(f"{where}: {c.name}={_show(value)} ({type(value).__name__}) is not "
+                           f"{c.expected}.", f"pass {c.name} as {c.expected}.")
         return func(*args, **kwargs)
 
     guarded.__course_checks__ = checks
@@ -294,16 +331,20 @@ def _wrap(func: Callable, where: str, checks: tuple[Check, ...], error: type[Cou
 
 
 def guard(namespace: dict, error: type[CourseError], *, positive: tuple[str, ...] = (),
-          signed: tuple[str, ...] = (), infinite: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> None:
+          signed: tuple[str, ...] = (), zero: tuple[str, ...] = (), infinite: tuple[str, ...] = (),
+          nan: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> None:
     """Check the arguments of every public function and class the module with globals
-    ``namespace`` defines, raising ``error`` (the module family's) with the fix. ``positive``,
-    ``signed``: names added to ``POSITIVE`` / ``SIGNED`` for this module; ``infinite``: float
-    arguments that may be +inf (a budget with no limit); ``skip``: arguments left unchecked."""
+    ``namespace`` defines, raising ``error`` (the module family's) with the fix; an argument of
+    the wrong kind raises an ``error`` that is also a TypeError. For this module only:
+    ``positive`` / ``signed`` add names to ``POSITIVE`` / ``SIGNED``; ``zero``: names of
+    ``POSITIVE`` that may be 0 here (0 meaning "none"); ``infinite``: float arguments that may be
+    +inf (no limit); ``nan``: float arguments that may be NaN (not known); ``skip``: unchecked."""
     if not (isinstance(error, type) and issubclass(error, CourseError)):
         raise TypeError(f"guard's error must be a CourseError subclass, got {error!r}")
     module = namespace["__name__"]
     rules = {"positive": (POSITIVE | set(positive)) - set(signed), "signed": SIGNED | set(signed),
-             "infinite": frozenset(infinite), "skip": frozenset(skip)}
+             "zero": frozenset(zero), "infinite": frozenset(infinite), "nan": frozenset(nan),
+             "skip": frozenset(skip)}
     for name, obj in list(namespace.items()):
         if name.startswith("_") or getattr(obj, "__module__", None) != module:
             continue

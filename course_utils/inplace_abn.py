@@ -379,4 +379,4 @@ def plot_stored_per_unit(variants: dict[str, object], ax=None):
     return data
 
 
-guard(globals(), TechniqueError)
+guard(globals(), TechniqueError, positive=("eps",))  # slope 0: check_abn_args says why

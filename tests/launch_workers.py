@@ -2,6 +2,7 @@
 process that imports its worker by name (a function defined in a test would do, but these are
 shared by several tests)."""
 
+import inspect
 import os
 import signal
 import subprocess
@@ -56,7 +57,7 @@ def uncompared_ddp_worker(rank, world, device, config):
 
     from course_utils import parallel
 
-    worker = getattr(parallel.ddp_worker, "__wrapped__", parallel.ddp_worker)
+    worker = inspect.unwrap(parallel.ddp_worker)  # under guard's check and exact_fp32()
     out = worker(rank, world, device, config)
     modes = [m for m in pd._get_current_dispatch_mode_stack() if hasattr(m, "counts")]
     out["tf32_counts"] = dict(modes[0].counts) if modes else {}

@@ -117,10 +117,10 @@ def test_slope_zero_in_the_function_is_a_clear_error():
     x = torch.randn(2, 2, 3, requires_grad=True)
     w, b = torch.ones(2, requires_grad=True), torch.zeros(2, requires_grad=True)
     for slope in (0.0, -0.1, float("nan")):
-        with pytest.raises(ValueError, match="slope must be a finite number > 0"):
+        with pytest.raises(ValueError, match=r"slope.*finite number"):
             InPlaceABNFunction.apply(x * 1, w, b, torch.zeros(2), torch.ones(2), True, 0.1,
                                      1e-5, slope)
-    with pytest.raises(ValueError, match="eps must be"):
+    with pytest.raises(ValueError, match=r"eps.* > 0"):
         InPlaceABNFunction.apply(x * 1, w, b, torch.zeros(2), torch.ones(2), True, 0.1, 0.0, 0.1)
 
 
@@ -184,7 +184,7 @@ def test_unet_with_inplace_abn_trains_and_saves_memory():
 def test_errors_name_the_fix():
     with pytest.raises(ValueError, match="ReLU .slope 0. is not invertible"):
         InPlaceABN(4, slope=0.0)
-    with pytest.raises(ValueError, match="eps must be"):
+    with pytest.raises(ValueError, match=r"eps.* > 0"):
         InPlaceABN(4, eps=0)
     with pytest.raises(ValueError, match="momentum"):
         InPlaceABN(4, momentum=None)

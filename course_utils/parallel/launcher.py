@@ -15,10 +15,7 @@ import datetime
 import faulthandler
 import functools
 import importlib
-import math
 import multiprocessing.connection as mp_connection
-import numbers
-import operator
 import os
 import pickle
 import signal
@@ -116,7 +113,7 @@ def _init(rank: int, world_size: int, port: int,
 
 
 _NOT_IMPORTABLE = (
-    "workers must be importable: define it in a module (a .py file, e.g. my_workers.py next to "
+    "workers must be importable. Fix: define it in a module (a .py file, e.g. my_workers.py next to "
     "the notebook), import it from there and pass the imported function. Each rank is a fresh "
     "Python process that imports the worker by name; it cannot see a function defined in a "
     "notebook cell, a lambda or a nested function.")
@@ -130,32 +127,23 @@ def _resolve(module: str, qualname: str) -> Callable:
 
 
 def _worker_ref(worker: Callable) -> tuple[str, str]:
-    """(module, qualified name) of an importable worker; a clear ValueError otherwise."""
-    if not callable(worker):
-        raise TypeError(f"launch: worker must be a function, got {type(worker).__name__}")
+    """(module, qualified name) of an importable worker; a ParallelError naming the fix otherwise
+    (``worker`` is callable: guard checked it)."""
     name = getattr(worker, "__name__", repr(worker))
     module, qualname = getattr(worker, "__module__", None), getattr(worker, "__qualname__", None)
     if not module or not qualname or "<" in qualname:  # <lambda>, <locals>
-        raise ValueError(f"launch({name}): {_NOT_IMPORTABLE}")
+        raise ParallelError(f"launch({name}): {_NOT_IMPORTABLE}")
     if module == "__main__" and getattr(sys.modules.get("__main__"), "__file__", None) is None:
-        raise ValueError(f"launch({name}): {name} is defined in __main__ (a notebook cell or an "
+        raise ParallelError(f"launch({name}): {name} is defined in __main__ (a notebook cell or an "
                          f"interactive session). {_NOT_IMPORTABLE}")
     try:
         found = _resolve(module, qualname)
     except Exception:
         found = None
     if found is not worker:
-        raise ValueError(f"launch({name}): {module}.{qualname} does not lead back to this function. "
+        raise ParallelError(f"launch({name}): {module}.{qualname} does not lead back to this function. "
                          f"{_NOT_IMPORTABLE}")
     return module, qualname
-
-
-def _positive(name: str, value: Any) -> float:
-    real = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    v = float(value) if real else float("nan")
-    if not (v > 0 and math.isfinite(v)):
-        raise ValueError(f"launch: {name} must be a positive number of seconds, got {value!r}")
-    return v
 
 
 def _save(path: Path, record: dict) -> None:
@@ -345,23 +333,12 @@ def launch(worker: Callable, world_size: int = 2, config: dict | None = None,
     it (collectives give up after ``collective_timeout_s``). Past ``timeout_s`` every rank is
     stopped and ``LaunchTimeout`` says where each one was. Every rank's process group is killed
     and reaped when ``launch`` returns: nothing a worker started outlives it."""
-    ref = _worker_ref(worker)
-    try:
-        world_size = None if isinstance(world_size, bool) else operator.index(world_size)
-    except TypeError:
-        world_size = None
-    if world_size is None or world_size < 1:
-        raise ValueError(f"launch: world_size must be a positive integer (the number of ranks), "
-                         f"got {world_size!r}")
-    timeout_s = _positive("timeout_s", timeout_s)
-    collective_timeout_s = _positive("collective_timeout_s", collective_timeout_s)
-    if config is not None and not isinstance(config, dict):
-        raise TypeError(f"launch: config must be a dict, got {type(config).__name__}")
+    ref = _worker_ref(worker)  # world_size, timeout_s, collective_timeout_s, config: guard's checks
     try:
         blob = pickle.dumps(config or {})
     except Exception as err:
-        raise ValueError(f"launch: config cannot be sent to the ranks ({err}); keep it to numbers, "
-                         "strings, lists, dicts and tensors") from None
+        raise ParallelError(f"launch: config cannot be sent to the ranks ({err}).",
+                            "keep it to numbers, strings, lists, dicts and tensors.") from None
     store = rendezvous_store(collective_timeout_s)
     try:
         return _run_ranks(ref, blob, world_size, store.port, timeout_s, collective_timeout_s)
@@ -419,7 +396,7 @@ def _run_ranks(ref: tuple[str, str], blob: bytes, world_size: int, port: int,
                 bad = ", ".join(f"rank {r} ({_how_ended(c)})" for r, c in crashed.items())
                 warnings.warn(f"{name}: every rank returned its result, but {bad} crashed while "
                               "exiting; the results are complete.", RuntimeWarning,
-                              stacklevel=3)  # at the line that called launch, not at launch
+                              stacklevel=4)  # at the line that called launch (under guard's check), not at launch
             return [records[r]["result"] for r in range(world_size)]
         raise _diagnose(_RunEnd(name, out, records, codes, ended, stopped, stacks, timed_out, timeout_s,
                                collective_timeout_s))
