@@ -24,6 +24,8 @@ card needs more, and this module is the one place that says how much:
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
 import re
 from dataclasses import dataclass
@@ -46,11 +48,30 @@ class Overheads:
 
     def needed(self, predicted_peak: float) -> float:
         """Bytes of the card a step with this predicted allocated peak needs."""
+        _check_bytes("Overheads.needed", "predicted_peak", predicted_peak,
+                     "the predicted peak in bytes (memory.predict_step(...).peak)")
         return predicted_peak * (1 + self.slack) + self.workspace_bytes + self.context_mib * MiB
 
     def usable(self, card_bytes: float) -> float:
-        """The largest predicted allocated peak a card of ``card_bytes`` holds (``needed``'s inverse)."""
+        """The largest predicted allocated peak a card of ``card_bytes`` holds (``needed``'s inverse).
+        A card that does not hold the CUDA context and the workspaces is refused (a card given in
+        GiB where bytes are meant is the usual cause)."""
+        _check_bytes("Overheads.usable", "card_bytes", card_bytes, "the card's memory in bytes (8 GiB: 8 * 2**30)")
+        outside = self.context_mib * MiB + self.workspace_bytes
+        if card_bytes <= outside:
+            raise TechniqueError(
+                f"Overheads.usable: a card of {card_bytes:,.0f} bytes ({card_bytes / MiB:,.1f} MiB) does not even "
+                f"hold the CUDA context ({self.context_mib:,.0f} MiB) and the cuBLAS workspaces "
+                f"({self.workspace_bytes / MiB:,.1f} MiB) outside the prediction.",
+                "pass the card's memory in bytes (8 GiB: 8 * 2**30), a card larger than "
+                f"{outside / MiB:,.0f} MiB.")
         return (card_bytes - self.context_mib * MiB - self.workspace_bytes) / (1 + self.slack)
+
+
+def _check_bytes(where: str, name: str, value: float, what: str) -> None:
+    """A count of bytes: a finite number >= 0 (methods are not guarded: ``checks.guard``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+        raise TechniqueError(f"{where}: {name}={value!r} is not a finite number of bytes >= 0.", f"pass {what}.")
 
 
 #: the slack assumed: seed 000's own hook table shows reserved/allocated of 1.05-1.10 at its peaks
@@ -206,8 +227,8 @@ def cublas_config_bytes(config: str) -> int:
     PyTorch reads it: every match of the pattern counts, whatever separates them)."""
     pairs = re.findall(r":(\d+):(\d+)", config or "")
     if not pairs:
-        raise ValueError(f"CUBLAS_WORKSPACE_CONFIG={config!r}: expected :SIZE:COUNT pairs in KiB, e.g. "
-                         f"{CUBLAS_DEFAULT_CONFIG}. Fix: correct or unset it")
+        raise TechniqueError(f"CUBLAS_WORKSPACE_CONFIG={config!r}: expected :SIZE:COUNT pairs in KiB, e.g. "
+                             f"{CUBLAS_DEFAULT_CONFIG}.", "correct or unset it")
     return sum(int(a) * int(b) * 1024 for a, b in pairs)
 
 
@@ -272,10 +293,21 @@ class BatchModel:
     batch: int
 
     def peak(self, batch: int) -> int:
+        if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 0:
+            raise TechniqueError(f"BatchModel.peak: batch={batch!r} is not a whole number >= 0.",
+                                 "pass the batch as a whole number of samples.")
         return self.fixed + batch * self.per_sample
 
-    def largest_batch(self, budget_bytes: int) -> int:
-        return max(0, (budget_bytes - self.fixed) // self.per_sample)
+    def largest_batch(self, budget_bytes: float) -> int:
+        """The largest batch whose peak fits ``budget_bytes`` (0 where not even the fixed part does)."""
+        _check_bytes("BatchModel.largest_batch", "budget_bytes", budget_bytes,
+                     "the bytes the card holds for the step (budget.usable_bytes(card_gib))")
+        if self.per_sample <= 0:
+            raise TechniqueError(f"BatchModel.largest_batch: per_sample={self.per_sample}: the peak does not grow "
+                                 "with the batch, so no budget sizes a batch.",
+                                 "build the model from a prediction whose batch carries activations "
+                                 "(batch_model(predict_step(...), batch) with batch >= 1).")
+        return max(0, int((budget_bytes - self.fixed) // self.per_sample))
 
 
 def batch_model(prediction, batch: int) -> BatchModel:

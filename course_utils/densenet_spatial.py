@@ -113,20 +113,36 @@ HALO_SOURCES = {"bytes": 0, "exchanges": 0}
 # Strips
 # --------------------------------------------------------------------------------------------
 def check_alignment(height: int, world: int) -> int:
-    """The rows each rank holds, ``height // world``; a ValueError naming the fix unless it is a
-    whole multiple of the net's total stride (32), which keeps every pooling window and every
+    """The rows each rank holds, ``height // world``; a ParallelError naming the fix unless it is
+    a whole multiple of the net's total stride (32), which keeps every pooling window and every
     strided convolution's grid inside one strip at every resolution."""
-    if world < 1:
-        raise ValueError(f"world must be >= 1, got {world}")
     if height % (ALIGN * world):
         lo = height // (ALIGN * world) * ALIGN * world
         hi = lo + ALIGN * world
-        raise ValueError(
+        raise ParallelError(
             f"height {height} cannot be split into {world} strips aligned to the net's stride "
-            f"({ALIGN}): height / world must be a multiple of {ALIGN}. Fix: pad or crop the height "
-            f"to a multiple of {ALIGN} x world = {ALIGN * world} (e.g. {hi}"
+            f"({ALIGN}): height / world must be a multiple of {ALIGN}.",
+            f"pad or crop the height to a multiple of {ALIGN} x world = {ALIGN * world} (e.g. {hi}"
             + (f" or {lo}" if lo else "") + ").")
     return height // world
+
+
+def _check_rank(rank: int, world: int) -> None:
+    if rank >= world:
+        raise ParallelError(f"rank {rank} of a world of {world}: ranks count from 0 to world - 1.",
+                            f"a rank from 0 to {world - 1}, or world > {rank}.")
+
+
+def _check_image(image: Sequence[int], world: int | None = None) -> None:
+    """An image is (height, width): the width at least one stride (32), the height split in
+    ``world`` aligned strips (``check_alignment``) where ``world`` is given."""
+    if isinstance(image, (str, bytes)) or len(image) != 2:
+        raise ParallelError(f"image={image!r} is not (height, width).", "pass image=(height, width), e.g. (128, 64).")
+    if image[1] < ALIGN:
+        raise ParallelError(f"image {tuple(image)}: the width is below the net's stride ({ALIGN}).",
+                            f"a width of {ALIGN} pixels or more.")
+    if world is not None:
+        check_alignment(image[0], world)
 
 
 def aligned_height(height: int, world: int) -> int:
@@ -137,6 +153,7 @@ def aligned_height(height: int, world: int) -> int:
 
 def strip_rows(height: int, world: int, rank: int) -> tuple[int, int]:
     """Rows [lo, hi) of the input that ``rank`` owns."""
+    _check_rank(rank, world)
     t = check_alignment(height, world)
     return rank * t, (rank + 1) * t
 
@@ -248,6 +265,10 @@ def fp32_combination_error(image: Sequence[int] = FULL_IMAGE, world: int = 8, ch
     machine epsilon) and ``seconds``."""
     import pandas as pd
 
+    if isinstance(image, (str, bytes)) or len(image) != 2 or not 1 <= channels <= DENSENET169["num_init_features"]:
+        raise ParallelError(f"fp32_combination_error(image={image!r}, channels={channels}): the image is "
+                            f"(height, width), the stem has {DENSENET169['num_init_features']} filters.",
+                            f"image=(height, width) and channels from 1 to {DENSENET169['num_init_features']}.")
     t0 = time.perf_counter()
     height = aligned_height(image[0], world)
     torch.manual_seed(seed)
@@ -330,6 +351,9 @@ def rows_windowed(op: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, l
     Output row j reads strip rows ``s*j - r .. s*j - r + k - 1``; ``x`` has a multiple of ``s``
     rows, and the output ``rows / s``."""
     t = x.shape[2]
+    if not (k >= 1 and s >= 1 and r < k and t % s == 0):
+        raise ParallelError(f"rows_windowed(k={k}, s={s}, r={r}) on {t} rows: a window of k >= 1 rows, a stride "
+                            "s >= 1 that divides the rows, padding r < k.", "e.g. k=3, s=2, r=1 on an even strip.")
     n_out = t // s
     j_lo, j_hi = -(-r // s), (t - k + r) // s  # the interior outputs j_lo..j_hi (inclusive)
     if j_hi < j_lo:  # too thin to have an interior: one op on the extended strip
@@ -387,17 +411,18 @@ def strip_forward(net: DenseNet, x: torch.Tensor, *, halo: bool = True, global_b
     recomputed bottleneck logs again: use ``update_running_stats_once``). Without a process
     group it runs as one rank (world 1)."""
     if x.dim() != 4 or x.shape[1] != net.in_channels:
-        raise ValueError(f"strip_forward expects (batch, {net.in_channels}, rows, width), got "
-                         f"{tuple(x.shape)}. Fix: add the channel dim (x[:, None]).")
+        raise ParallelError(f"strip_forward expects (batch, {net.in_channels}, rows, width), got "
+                            f"{tuple(x.shape)}.", "add the channel dim (x[:, None]).")
     if net.checkpoint_blocks:
-        raise ValueError("strip_forward does not checkpoint whole blocks: build the net with "
-                         "checkpoint_blocks=False (memory_efficient=True is supported)")
+        raise ParallelError("strip_forward does not checkpoint whole blocks.",
+                            "build the net with checkpoint_blocks=False (memory_efficient=True is supported).")
     st = _Strip(halo, global_bn, stats_log if stats_log is not None else [])
     if x.shape[2] % ALIGN:
-        raise ValueError(f"a strip of {x.shape[2]} rows: strips must be a multiple of {ALIGN} rows. "
-                         f"Fix: pad or crop the height to a multiple of {ALIGN} x world.")
+        raise ParallelError(f"a strip of {x.shape[2]} rows: strips must be a multiple of {ALIGN} rows.",
+                            f"pad or crop the height to a multiple of {ALIGN} x world.")
     if x.shape[3] < ALIGN:
-        raise ValueError(f"images must be at least {ALIGN} pixels wide, got {x.shape[3]}")
+        raise ParallelError(f"images must be at least {ALIGN} pixels wide, got {x.shape[3]}.",
+                            f"a width of {ALIGN} pixels or more.")
     x = _stem(net, x, st)
     for stage in net.stages:
         block = stage[0]
@@ -595,7 +620,7 @@ def check_split(world: int = 2, image: Sequence[int] = (128, 64), batch: int = 2
     halo / activation in %), ``seconds`` (the launch's wall time) and ``method``."""
     import pandas as pd
 
-    check_alignment(image[0], world)
+    _check_image(image, world)
     t0 = time.perf_counter()
     runs = run_split(world, [{}, *variants], timeout_s=timeout_s, image=tuple(image), batch=batch,
                      memory_efficient=memory_efficient)
@@ -624,6 +649,13 @@ def check_split(world: int = 2, image: Sequence[int] = (128, 64), batch: int = 2
 # --------------------------------------------------------------------------------------------
 # Memory per GPU: one rank's strip under predict_step, with a fake process group
 # --------------------------------------------------------------------------------------------
+def _check_worlds(values: Sequence[int], name: str) -> None:
+    """World sizes (or batches) to tabulate: at least one, each a whole number >= 1."""
+    if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+        raise ParallelError(f"{name}={values!r}: each must be a whole number >= 1, and at least one given.",
+                            f"e.g. {name}=(1, 2, 4).")
+
+
 @contextlib.contextmanager
 def fake_process_group(rank: int, world: int) -> Iterator[None]:
     """PyTorch's fake process group (``torch.testing._internal.distributed.fake_pg``): this
@@ -631,6 +663,7 @@ def fake_process_group(rank: int, world: int) -> Iterator[None]:
     the right shapes). Destroyed on exit."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    _check_rank(rank, world)
     if dist.is_initialized():
         raise RuntimeError("a process group already exists in this process: predict in a fresh "
                            "process (or call torch.distributed.destroy_process_group() first)")
@@ -648,7 +681,8 @@ def predict_strip(build: Callable[[], DenseNet], world: int, batch: int, image: 
     interior one (two neighbours) when there is one. The in-place all-reduce of the gradients
     allocates nothing and is not run. ``kwargs`` go to ``predict_step`` (default: no per-module
     peaks)."""
-    t = check_alignment(image[0], world)
+    _check_image(image, world)
+    t = image[0] // world
     rank = min(1, world - 1) if rank is None else rank
     kwargs.setdefault("module_peaks", False)
     with fake_process_group(rank, world):
@@ -674,6 +708,9 @@ def spatial_memory_table(worlds: Sequence[int] = (1, 2, 4, 8), batches: Sequence
     batch)."""
     import pandas as pd
 
+    _check_worlds(worlds, "worlds")
+    _check_worlds(batches, "batches")
+    _check_image(image)
     net = {**DENSENET169, **(net or {})}
     height = aligned_height(image[0], max(worlds))
     full = (height, image[1])
@@ -716,6 +753,9 @@ def memory_check(image: Sequence[int] = (64, 64), batch: int = 2, net: dict | No
     each world size's strip prediction against it (activations must shrink by about the world
     size; parameters, gradients and Adam state must not). Returns the peaks and differences."""
     kwargs = {**SMALL_DENSENET, **(net or {})}
+    _check_worlds(worlds, "worlds")
+    for w in worlds:
+        _check_image(image, w)
 
     def build() -> DenseNet:
         return DenseNet(**kwargs, memory_efficient=memory_efficient)
@@ -741,7 +781,7 @@ def measured_check(world: int = 2, image: Sequence[int] = (128, 64), batch: int 
     import pandas as pd
 
     kwargs = dict(SMALL_DENSENET)
-    check_alignment(image[0], world)
+    _check_image(image, world)
     measured = launch(spatial_densenet_worker, world, {"measure": True, "image": tuple(image), "batch": batch,
                                                        "memory_efficient": memory_efficient}, timeout_s=timeout_s)
     rows = []

@@ -79,14 +79,14 @@ PER_SAMPLE = ("activations", "temporaries")
 
 
 def _check_key(name: str, value: Any, labels: dict[str, str]) -> None:
-    """Raise ValueError unless ``value`` is one of ``labels``' keys; a display label names its key."""
-    if value in labels:
+    """Raise TechniqueError unless ``value`` is one of ``labels``' keys; a display label names its key."""
+    if isinstance(value, str) and value in labels:
         return
     keys = {label: key for key, label in labels.items()}
-    if value in keys:
-        raise ValueError(f"{name}={value!r} is a display label, not a key: write {name}={keys[value]!r} "
-                         f"(keys: {list(labels)})")
-    raise ValueError(f"{name} must be one of {list(labels)}, got {value!r}")
+    if isinstance(value, str) and value in keys:
+        raise TechniqueError(f"{name}={value!r} is a display label, not a key (keys: {list(labels)}).",
+                             f"write {name}={keys[value]!r}.")
+    raise TechniqueError(f"{name} must be one of {list(labels)}, got {value!r}.", f"pick {name} from {list(labels)}.")
 
 
 #: the Config fields a cached prediction does not depend on: the batch and the ranks scale it,
@@ -121,6 +121,7 @@ class Config:
     def __post_init__(self):
         _check_key("precision", self.precision, PRECISION_LABELS)
         _check_key("checkpointing", self.checkpointing, CHECKPOINTING_LABELS)
+        _check_sizes(self)
 
     def _key(self, leave_out: frozenset[str]) -> tuple:
         return tuple((f.name, tuple(v) if isinstance(v := getattr(self, f.name), list) else v)
@@ -145,21 +146,39 @@ class Config:
         return " + ".join(parts)
 
 
+def _check_sizes(cfg: Config) -> None:
+    """The numbers a Config relates (each is checked alone by ``guard``): a U-Net has at least two
+    levels; the volume is three sides, each at least 2**(levels - 1) so the deepest level keeps a
+    voxel; data parallelism has at least one rank."""
+    if cfg.levels < 2:
+        raise TechniqueError(f"Config(levels={cfg.levels}): a U-Net needs at least 2 levels (one pooling).",
+                             "levels=2 or more (seed 000: 5).")
+    volume = cfg.volume
+    if isinstance(volume, (str, bytes)) or not isinstance(volume, (tuple, list)) or len(volume) != 3 or \
+            any(isinstance(v, bool) or not isinstance(v, int) for v in volume):
+        raise TechniqueError(f"Config(volume={volume!r}) is not three whole numbers (depth, height, width).",
+                             "volume=(D, H, W), e.g. (26, 150, 320).")
+    side = 2 ** (cfg.levels - 1)
+    if min(volume) < side:
+        raise TechniqueError(
+            f"Config: volume {tuple(volume)} is too small for {cfg.levels} levels: each of D, H, W must be at "
+            f"least 2**(levels-1) = {side} so that the deepest level keeps one voxel.",
+            f"sides of {side} or more, or fewer levels.")
+    if cfg.dp_ranks < 1:
+        raise TechniqueError(f"Config(dp_ranks={cfg.dp_ranks}): data parallelism needs at least one rank.",
+                             "dp_ranks=1 (one GPU) or more.")
+
+
 def _validate(cfg: Config) -> None:
     """The combinations a valid Config cannot have (its keys are checked when it is made)."""
     if cfg.inplace_abn and cfg.checkpointing == "selective":
-        raise ValueError(
+        raise TechniqueError(
             "selective checkpointing keeps each convolution's output, and In-Place ABN overwrites "
             "that output in place (PyTorch refuses: 'Tensor cached during selective activation "
-            "checkpoint has been mutated'). Use full checkpointing (checkpointing='level') with In-Place ABN."
-        )
+            "checkpoint has been mutated').", "use full checkpointing (checkpointing='level') with In-Place ABN.")
     if cfg.inplace_abn and cfg.inplace_relu:
-        raise ValueError("In-Place ABN replaces BatchNorm + ReLU: switch in-place ReLU off with it")
-    if cfg.batch < 1 or cfg.dp_ranks < 1:
-        raise ValueError("batch and dp_ranks must be >= 1")
-    if cfg.budget_gib <= 0:
-        raise ValueError(f"budget_gib must be > 0, got {cfg.budget_gib}")
-    # a volume too small for the levels is reported by UNet3D.check_input itself
+        raise TechniqueError("In-Place ABN replaces BatchNorm + ReLU.", "switch in-place ReLU off with it.")
+    # the sizes were checked when the Config was made (guard, _check_sizes)
 
 
 def build(cfg: Config) -> UNet3D:
@@ -275,7 +294,8 @@ def estimate(cfg: Config, over: Overheads | None = None) -> Estimate:
     budget = cfg.budget_gib * GiB
     per_sample = sum(s for _, s in lines.values())
     if per_sample <= 0:
-        raise ValueError("the prediction does not grow with the batch: cannot size a batch")
+        raise TechniqueError("the prediction does not grow with the batch: cannot size a batch.",
+                             "check the configuration's volume and batch (activations grow with the batch).")
     fixed = sum(a for a, _ in lines.values())
     # needed(b) = (fixed + b per_sample)(1 + slack) + context <= budget, solved for b
     room = over.usable(budget) - fixed
@@ -321,7 +341,7 @@ def table(configs: list[Config], progress: bool = False, columns: str = "short",
     import pandas as pd
 
     if columns not in ("short", "all"):
-        raise ValueError(f"columns must be 'short' or 'all', got {columns!r}")
+        raise TechniqueError(f"columns must be 'short' or 'all', got {columns!r}.", "columns='short' or 'all'.")
     over = overheads()  # read the recorded figures once for the whole table
     if progress:
         from tqdm.auto import tqdm
@@ -344,8 +364,8 @@ def choice_table(choice: dict[str, Any] | Config | None, base: Config, winner: C
             names = {f.name for f in fields(Config)}
             unknown = sorted(set(choice) - names)
             if unknown:
-                raise ValueError(f"my_choice: {unknown} are not fields of explorer.Config. Fix: use "
-                                 f"{sorted(names - NOT_IN_MODEL_KEY)}")
+                raise TechniqueError(f"my_choice: {unknown} are not fields of explorer.Config.",
+                                     f"use {sorted(names - NOT_IN_MODEL_KEY)}.")
             choice = replace(base, **choice)
         rows["your choice"] = choice
     rows["winner"] = winner
@@ -404,6 +424,8 @@ def margin_table(cfg: Config, assumptions: dict[str, Overheads] | None = None, c
     every key of ``margin``."""
     import pandas as pd
 
+    if columns not in ("short", "all"):
+        raise TechniqueError(f"columns must be 'short' or 'all', got {columns!r}.", "columns='short' or 'all'.")
     assumptions = assumptions or contexts()
     df = pd.DataFrame([margin(cfg, o) for o in assumptions.values()], index=list(assumptions))
     if columns == "all":
@@ -717,7 +739,14 @@ def explorer(start: Config = Config()):
     def update(change=None):
         # the controls' values now, not the event's: an event queued behind a slow estimate is
         # drawn with the latest values, so the figure never shows a batch the slider has left
-        cfg = _config_of(ctl, s.seed000)
+        try:
+            cfg = _config_of(ctl, s.seed000)
+        except TechniqueError as err:  # e.g. a volume too small for the levels: said, not raised
+            with out:
+                out.clear_output(wait=True)
+                state.shown = None
+                print(err)
+            return
         if cfg == state.shown:
             return  # already shown (a queued event of a setting since reached)
         changed = names.get(id(change["owner"])) if change else None

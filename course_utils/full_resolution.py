@@ -45,6 +45,7 @@ context, divided by 1 + the slack for workspaces and the allocator -- the same s
 
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -57,7 +58,7 @@ from torch.nn import functional as F
 from . import densenet as dn
 from . import session_cache
 from .budget import fixed_bytes, steady_state, usable_bytes
-from .checks import NetworkError, guard
+from .checks import NetworkError, TechniqueError, guard
 from .memory import predict_step
 
 #: the X-rays' own size (seed 004: "downsampling image to 512 x 512" from about 2000 x 2000)
@@ -80,6 +81,17 @@ PRECISIONS = {"fp32": None, "autocast fp16": torch.float16}
 CHECKED_SIDES = (dn.SEED004_IMAGE[0], FULL_SIDE)
 #: the largest element count a 32-bit signed index reaches; a larger tensor needs 64-bit indexing
 INT32_MAX = 2**31 - 1
+#: what ``PixelModel.largest_side`` answers within: budgets up to the 64-bit address space, sides
+#: up to 2^31 pixels (past them a float's rounding hides a step of ``SIDE_STEP``)
+MAX_BUDGET_BYTES, MAX_SIDE = 2**64, 2**31
+
+
+def _whole(where: str, low: int = 0, **values: object) -> None:
+    """Each of ``values`` a whole number >= ``low`` (``PixelModel``'s methods are not guarded)."""
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low:
+            raise NetworkError(f"{where}: {name}={v!r} is not a whole number >= {low}.",
+                               f"pass {name} as a whole number >= {low}.")
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,7 @@ class PixelModel:
     def peak(self, batch: int, side: int, accumulate: bool = False) -> float:
         """Predicted peak of a step of ``batch`` images of ``side`` x ``side``; with
         ``accumulate``, of each micro-batch of a gradient-accumulation loop."""
+        _whole("PixelModel.peak", batch=batch, side=side)
         fixed = self.fixed + (self.all_gradients - self.gradient_at_peak if accumulate else 0)
         return fixed + batch * side * side * self.per_pixel
 
@@ -113,15 +126,28 @@ class PixelModel:
         rows of every image (``densenet_spatial``): the per-pixel part divides, parameters,
         gradients and Adam's state are replicated. The halo rows each layer receives are not
         counted (checked against a direct prediction of a strip in notebook 12)."""
+        _whole("PixelModel.per_gpu", batch=batch, height=height, width=width)
+        _whole("PixelModel.per_gpu", 1, world=world)
         return self.fixed + batch * height * width / world * self.per_pixel
 
     def largest_side(self, budget_bytes: float, batch: int = dn.SEED004_BATCH,
                      accumulate: bool = False) -> int:
         """The largest side (a multiple of ``SIDE_STEP``) whose predicted peak fits
         ``budget_bytes``; 0 if not even 32 x 32 does."""
+        _whole("PixelModel.largest_side", 1, batch=batch)
+        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, numbers.Real) or \
+                not 0 <= budget_bytes <= MAX_BUDGET_BYTES:
+            raise NetworkError(f"PixelModel.largest_side: budget_bytes={budget_bytes!r} is not a number of bytes "
+                               "from 0 to 2**64 (the 64-bit address space).",
+                               "pass the bytes a card holds, e.g. budget.usable_bytes(16).")
         free = budget_bytes - self.peak(batch, 0, accumulate)
         if free <= 0:
             return 0
+        if not free / batch < self.per_pixel * MAX_SIDE ** 2:  # per_pixel 0 too
+            raise NetworkError(f"PixelModel.largest_side: {self.per_pixel!r} bytes per pixel put the largest side "
+                               f"past {MAX_SIDE:,} pixels.",
+                               "build the line from a prediction (from_prediction, pixel_model): per_pixel is "
+                               "the bytes of one input pixel, hundreds for DenseNet-169.")
         side = int((free / (batch * self.per_pixel)) ** 0.5) // SIDE_STEP * SIDE_STEP
         # the square root is rounded either way: step to the boundary from whichever side it lands
         while side and self.peak(batch, side, accumulate) > budget_bytes:
@@ -135,6 +161,12 @@ def with_group_norm(net: nn.Module, channels_per_group: int = 4) -> nn.Module:
     """``net`` with every ``BatchNorm2d`` replaced by a ``GroupNorm`` of ``channels_per_group``
     channels a group (in the BatchNorm's dtype): a normalisation of one image, which gradient
     accumulation leaves exact (notebook 12, section 4). Returns ``net``."""
+    odd = sorted({m.num_features for m in net.modules()
+                  if isinstance(m, nn.BatchNorm2d) and m.num_features % channels_per_group})
+    if odd:
+        raise NetworkError(f"with_group_norm: channels_per_group={channels_per_group} does not divide the "
+                           f"channels of every BatchNorm ({odd[:5]}).",
+                           "a common divisor of the net's widths (4 for DenseNet-169 and tiny_densenet).")
     for parent in list(net.modules()):
         for key, child in list(parent.named_children()):
             if isinstance(child, nn.BatchNorm2d):
@@ -147,14 +179,16 @@ def with_group_norm(net: nn.Module, channels_per_group: int = 4) -> nn.Module:
 NORMS = ("batch", "group")
 
 
+def _check_names(**named: tuple[object, object]) -> None:
+    """Each ``name=(value, choices)``: the value one of the choices (a dict's keys)."""
+    for name, (value, choices) in named.items():
+        if not isinstance(value, str) or value not in choices:
+            raise NetworkError(f"unknown {name} {value!r}.", f"choose one of {list(choices)}.")
+
+
 def _step(variant: str, precision: str, batch: int, side: int, optimizer: str | None = "adam",
           norm: str = "batch"):
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}: choose one of {list(VARIANTS)}")
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}: choose one of {list(PRECISIONS)}")
-    if norm not in NORMS:
-        raise ValueError(f"unknown norm {norm!r}: choose one of {list(NORMS)}")
+    _check_names(variant=(variant, VARIANTS), precision=(precision, PRECISIONS), norm=(norm, NORMS))
     kw = VARIANTS[variant]
 
     def build():
@@ -188,6 +222,9 @@ def pixel_model(variant: str, precision: str = "fp32", side: int = FULL_SIDE, no
     ``norm="group"``: every BatchNorm replaced by GroupNorm (``with_group_norm``); the model's
     ``variant`` then ends in " + GroupNorm". Under CUDA autocast ``group_norm`` runs in fp32
     (autocast's fp32 list, ``amp_rules``): its input is cast up and kept in fp32."""
+    # lru_cache hides the function from guard: its arguments are checked here
+    _check_names(variant=(variant, VARIANTS), precision=(precision, PRECISIONS), norm=(norm, NORMS))
+    _whole("pixel_model", SIDE_STEP, side=side)
     return _pixel_model(variant, precision, int(side), norm)
 
 
@@ -257,7 +294,22 @@ def line_check(models: dict[str, PixelModel], direct: dict[str, tuple[object, in
 def smallest_card(peak_bytes: float, cards: Sequence[float] = CARDS_GIB) -> float | None:
     """The smallest of ``cards`` (GiB) that holds a predicted peak of ``peak_bytes``
     (``budget.usable_bytes``: ``budget.Overheads``), or None if none does."""
-    return next((c for c in cards if peak_bytes <= usable_bytes(c)), None)
+    budgets = _card_budgets(cards, "smallest_card")
+    return next((c for c in cards if peak_bytes <= budgets[c]), None)
+
+
+def _card_budgets(cards: Sequence[float], where: str) -> dict[float, int]:
+    """{card: ``budget.usable_bytes(card)``}: every card in GiB, each larger than what
+    ``budget.Overheads`` keeps outside the prediction (the CUDA context)."""
+    out = {}
+    for c in cards:
+        if not c > 0:
+            raise NetworkError(f"{where}: a card of {c!r} GiB.", "give each card's memory in GiB, e.g. (8, 16, 24).")
+        try:
+            out[c] = usable_bytes(c)
+        except TechniqueError as err:  # smaller than the CUDA context: budget's error, this family's type
+            raise NetworkError(f"{where}: the card of {c} GiB holds nothing: {err}") from err
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -288,6 +340,7 @@ def largest_int32_side(batch: int = 1, step: int = SIDE_STEP) -> int:
     """The largest side, a multiple of ``step``, whose stem output has at most ``INT32_MAX``
     elements: past it a CUDA kernel needs 64-bit indexing (some split the tensor, some fall back,
     some refuse), which the predictor does not model."""
+    _whole("largest_int32_side", 1, step=step)
     side = int((INT32_MAX / batch / dn.DENSENET169["num_init_features"]) ** 0.5) * 2 // step * step + step
     while stem_output_elements(side, batch) > INT32_MAX:
         side -= step
@@ -301,6 +354,11 @@ MARK_UNCHECKED, MARK_INT64 = "*", "**"
 def side_mark(side: int, batch: int) -> str:
     """"" inside ``CHECKED_SIDES``; ``MARK_UNCHECKED`` outside them (the line's extrapolation);
     ``MARK_INT64`` past ``largest_int32_side(batch)`` as well."""
+    return _side_mark(side, batch)
+
+
+def _side_mark(side: int, batch: int) -> str:
+    """``side_mark``, and "" for a side of 0 (a table's "nothing fits")."""
     if side == 0 or CHECKED_SIDES[0] <= side <= CHECKED_SIDES[1]:
         return ""
     return MARK_INT64 if side > largest_int32_side(batch) else MARK_UNCHECKED
@@ -316,7 +374,7 @@ def marks_legend(batch: int) -> str:
 
 def mark_sides(table, batch: int):
     """``table`` of sides (``sides_table``'s) as text, each side with its ``side_mark`` at ``batch``."""
-    return table.apply(lambda col: [f"{s:,}{side_mark(s, batch)}" for s in col])
+    return table.apply(lambda col: [f"{s:,}{_side_mark(s, batch)}" for s in col])
 
 
 def sides_table(models: dict[str, PixelModel], cards: Sequence[float] = CARDS_GIB,
@@ -328,7 +386,7 @@ def sides_table(models: dict[str, PixelModel], cards: Sequence[float] = CARDS_GI
     import pandas as pd
 
     step_batch = 1 if accumulate else batch
-    budgets = {c: usable_bytes(c) for c in cards}
+    budgets = _card_budgets(cards, "sides_table")
     table = pd.DataFrame({f"{c} GB": [m.largest_side(budgets[c], step_batch, accumulate)
                                       for m in models.values()] for c in cards},
                          index=list(models))
@@ -421,6 +479,7 @@ def peak_module(variant: str, cfg: dict = dn.DENSENET169) -> str:
     the network's own tail (the final ReLU, before any module's backward); memory-efficient,
     the last dense layer's ReLU while its concatenation is rebuilt; checkpointed per block, the
     first transition's ReLU while the first block is rebuilt (the largest region recomputed)."""
+    _check_names(variant=(variant, VARIANTS))
     if variant.endswith("per block"):
         return "stages.0.1.1"
     if variant.startswith("memory-efficient"):
@@ -495,6 +554,7 @@ def weight_copy_bytes(variant: str, cfg: dict = dn.DENSENET169) -> int:
     them to the pixels. Naive: every convolution; memory-efficient: every 3 x 3 convolution but
     the last layer's, the transitions' and the stem's (the 1 x 1 convolutions run inside
     checkpoints); per block: the stem's and the first block's, rebuilt."""
+    _check_names(variant=(variant, VARIANTS))
     me, per_block = variant.startswith("memory-efficient"), variant.endswith("per block")
     g, b = cfg["growth_rate"], cfg["growth_rate"] * cfg["bn_size"]
     blocks = _blocks(cfg)
@@ -522,7 +582,8 @@ def hand_count(variant: str, precision: str = "fp32", side: int = FULL_SIDE, cfg
     import pandas as pd
 
     if variant not in VARIANTS or precision not in PRECISIONS:
-        raise ValueError(f"hand_count({variant!r}, {precision!r}): choose from {list(VARIANTS)} and {list(PRECISIONS)}")
+        raise NetworkError(f"hand_count({variant!r}, {precision!r}): unknown variant or precision.",
+                           f"choose from {list(VARIANTS)} and {list(PRECISIONS)}.")
     element = 4 if PRECISIONS[precision] is None else torch.empty((), dtype=PRECISIONS[precision]).element_size()
     sides = stage_sides(side, cfg)
     rows = []
@@ -606,7 +667,8 @@ def tiny_densenet(norm: str = "batch") -> dn.DenseNet:
                 m.running_mean.uniform_(-0.1, 0.1)
                 m.running_var.uniform_(0.9, 1.1)
     elif norm != "batch":
-        raise ValueError(f"norm must be 'batch', 'frozen' or 'group', got {norm!r}")
+        raise NetworkError(f"norm must be 'batch', 'frozen' or 'group', got {norm!r}.",
+                           "norm='batch', 'frozen' or 'group'.")
     return net
 
 
@@ -621,7 +683,15 @@ def accumulation_error(norm: str = "batch", batch: int = dn.SEED004_BATCH, side:
                        seed: int = 0) -> float:
     """Relative difference (L2) between the gradient of one step on ``batch`` images and the
     gradient accumulated over ``batch`` micro-batches of one image, for ``tiny_densenet(norm)``
-    in float64 (so the difference is the normalisation's, not rounding)."""
+    in float64 (so the difference is the normalisation's, not rounding). Each micro-batch is one
+    image: with ``norm="batch"`` it must leave more than one pixel at the last block (BatchNorm in
+    training needs two values per channel), ``side`` >= 61; else ``side`` >= 32."""
+    low = next(s for s in range(SIDE_STEP, 4 * SIDE_STEP) if stage_sides(s)["block 4"] > 1) \
+        if norm == "batch" else SIDE_STEP
+    if side < low:
+        raise NetworkError(f"accumulation_error: side={side} is too small for norm={norm!r} on one image "
+                           "(DenseNet halves it five times; BatchNorm needs two values per channel).",
+                           f"side >= {low}.")
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, 1, side, side, generator=g, dtype=torch.float64)
     y = (torch.rand(batch, dn.SEED004_CLASSES, generator=g) < 0.3).double()
@@ -634,8 +704,11 @@ def running_stat_weight(micro: int = dn.SEED004_BATCH, momentum: float = 0.1) ->
     """How far one optimizer step moves BatchNorm's running statistics: with one batch, by
     ``momentum`` toward its statistics; with ``micro`` accumulated micro-batches, by
     ``1 - (1 - momentum)^micro`` in all, most of it toward the last few single images."""
+    if momentum > 1:
+        raise NetworkError(f"running_stat_weight: momentum={momentum} moves the statistics past the batch's.",
+                           "a momentum from 0 to 1 (BatchNorm's default: 0.1).")
     return {"one batch": momentum, f"{micro} micro-batches": 1 - (1 - momentum) ** micro,
             "last micro-batch alone": momentum}
 
 
-guard(globals(), NetworkError)
+guard(globals(), NetworkError, zero=("side",))

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -26,13 +27,16 @@ def relative_error(got: Sequence[torch.Tensor], ref: Sequence[torch.Tensor]) -> 
     """Largest difference between two lists of tensors, relative to the largest reference value.
     (Per-tensor ratios would blow up on conv biases in front of BatchNorm, whose true gradient is
     zero and whose computed one is rounding noise.) Computed in float64, on the CPU: tensors of
-    any dtype and device compare, and a half-precision difference cannot overflow."""
+    any dtype and device compare, and a half-precision difference cannot overflow. An all-zero
+    reference gives 0 where the tensors are equal and inf where they are not."""
     got, ref = list(got), list(ref)
-    if len(got) != len(ref):
-        raise ValueError(f"relative_error: {len(got)} tensors vs {len(ref)} reference tensors")
+    if len(got) != len(ref) or not ref:
+        raise ParallelError(f"relative_error: {len(got)} tensors vs {len(ref)} reference tensors.",
+                            "pass the same number of tensors, at least one (e.g. grads_of(model), grads_of(ref)).")
     diff = max((a.detach().cpu().double() - b.detach().cpu().double()).abs().max().item()
                for a, b in zip(got, ref, strict=True))
-    return diff / max(b.detach().abs().max().item() for b in ref)
+    scale = max(b.detach().abs().max().item() for b in ref)
+    return diff / scale if scale else (0.0 if diff == 0 else math.inf)
 
 
 def uses_batch_stats(bn: nn.Module) -> bool:
@@ -72,6 +76,9 @@ def update_running_stats(bn: nn.Module, mean: torch.Tensor, var: torch.Tensor, c
     tracked, then a momentum average (cumulative when ``momentum`` is None) of the mean and of the
     unbiased variance ``var * count / (count - 1)``. Nothing happens outside training mode or
     without running statistics."""
+    if count < 1:
+        raise ParallelError(f"update_running_stats: count={count}: the statistics of no values.",
+                            "pass the number of values per channel the mean and var were taken over (>= 1).")
     if not (bn.training and bn.track_running_stats and bn.running_mean is not None):
         return
     with torch.no_grad():

@@ -91,10 +91,10 @@ class HaloExchange(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, r: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
         t = x.shape[dim]
         if t < r:
-            raise TilingError(
+            raise ParallelError(
                 f"rank {dist.get_rank()} holds {t} voxels along dim {dim} but a layer needs a "
-                f"halo of {r}: the halo would have to come from beyond the neighbouring rank. "
-                "Fix: fewer ranks (thicker slabs), or a larger volume.")
+                f"halo of {r}: the halo would have to come from beyond the neighbouring rank.",
+                "fewer ranks (thicker slabs), or a larger volume.")
         ctx.r, ctx.dim, ctx.t = r, dim, t
         lower, upper = x.narrow(dim, 0, r), x.narrow(dim, t - r, r)
         EXCHANGED["forward"] += _sent_bytes(lower, upper)
@@ -217,9 +217,8 @@ def build_spatial_net(config: dict) -> nn.Module:
     """The nets the demos and tests use, identically initialised on every rank:
     ``limit`` = seed 003's LimitTestNet, ``plain`` = a conv stack with a 5x5x5 and a dilated
     convolution, ``bn`` = conv-BN-ReLU twice, then a conv."""
+    _check_config(config)
     name = config.get("net", "limit")
-    if name not in NETS:
-        raise ValueError(f"net must be one of {NETS}, got {name!r}")
     torch.manual_seed(config.get("seed", 0))
     with default_dtype(getattr(torch, config.get("dtype", "float64"))):
         if name == "limit":
@@ -233,8 +232,33 @@ def build_spatial_net(config: dict) -> nn.Module:
                              nn.Conv3d(4, 1, 3, padding=1))
 
 
+def _check_config(config: dict) -> None:
+    """What the demos read from ``config``: ``net`` (one of ``NETS``), ``dtype`` (a floating
+    torch dtype's name), ``batch`` (>= 1), ``volume`` (three sides >= 1), ``dim`` (2, 3 or 4:
+    a spatial axis) and ``exchange``; checked before any rank sends a message."""
+    def whole(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+    volume, dtype = config.get("volume", (16, 10, 10)), config.get("dtype", "float64")
+    problems = {
+        "net": config.get("net", "limit") in NETS,
+        "dtype": isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype)
+        and getattr(torch, dtype).is_floating_point,
+        "batch": whole(config.get("batch", 1)),
+        "volume": isinstance(volume, (tuple, list)) and len(volume) == 3 and all(whole(v) for v in volume),
+        "dim": config.get("dim", 2) in (2, 3, 4) and not isinstance(config.get("dim", 2), bool),
+        "exchange": config.get("exchange", "per_layer") in ("per_layer", "input_once"),
+    }
+    bad = [k for k, ok in problems.items() if not ok]
+    if bad:
+        raise ParallelError(f"spatial config: {', '.join(f'{k}={config.get(k)!r}' for k in bad)} not understood.",
+                            f"net one of {NETS}, dtype a float dtype's name ('float64'), batch >= 1, volume three "
+                            "sides >= 1, dim 2, 3 or 4, exchange 'per_layer' or 'input_once'.")
+
+
 def spatial_volume(config: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """The same (batch, 1, D, H, W) input and target on every rank."""
+    _check_config(config)
     g = torch.Generator().manual_seed(1234)
     dtype = getattr(torch, config.get("dtype", "float64"))
     shape = (config.get("batch", 1), 1, *config.get("volume", (16, 10, 10)))
@@ -256,14 +280,15 @@ def spatial_worker(rank: int, world: int, device: torch.device, config: dict) ->
         for run in config["runs"]:
             try:
                 out.append(spatial_worker(rank, world, device, {**config, **run, "runs": None}))
-            except TilingError as err:  # a refused configuration: report it, keep the ranks alive
+            except (TilingError, ParallelError) as err:  # refused: report it, keep the ranks alive
                 out.append({"rank": rank, "error": str(err)})
                 dist.barrier()
         return out
+    _check_config(config)
+    if rank >= world:
+        raise ParallelError(f"rank {rank} of a world of {world}.", f"a rank from 0 to {world - 1}.")
     dim = config.get("dim", 2)
     exchange = config.get("exchange", "per_layer")
-    if exchange not in ("per_layer", "input_once"):
-        raise ValueError(f"exchange must be 'per_layer' or 'input_once', got {exchange!r}")
     net = build_spatial_net(config).to(device)
     chain = conv_chain(net)
     x, target = spatial_volume(config)
@@ -274,10 +299,10 @@ def spatial_worker(rank: int, world: int, device: torch.device, config: dict) ->
     need = max(radii) if exchange == "per_layer" else chain.halo[dim - 2]
     if thinnest < max(1, need):
         what = "a layer needs a halo of" if exchange == "per_layer" else "the input's halo is"
-        raise TilingError(
+        raise ParallelError(
             f"{world} ranks split {n} voxels along dim {dim} into slabs of {thinnest} or more, "
-            f"but {what} {need} voxels, which must come from the neighbouring rank alone. "
-            "Fix: fewer ranks (thicker slabs), or a larger volume.")
+            f"but {what} {need} voxels, which must come from the neighbouring rank alone.",
+            "fewer ranks (thicker slabs), or a larger volume.")
     lo, hi = _split_bounds(n, world, rank)
     xs = x.narrow(dim, lo, hi - lo).to(device)  # in a real run each rank loads only its slab
     ts = target.narrow(dim, lo, hi - lo).to(device)

@@ -13,6 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from course_utils import densenet_spatial as ds
+from course_utils.checks import ParallelError
 from course_utils.numerics import combine_moments
 
 RTOL = 1e-9
@@ -154,6 +155,33 @@ def test_fp32_combination_error_old_form_loses_digits_new_does_not():
 def test_misaligned_height_refused(height, world):
     with pytest.raises(ValueError, match=r"pad or crop the height to a multiple of 32 x world"):
         ds.check_alignment(height, world)
+
+
+def test_a_negative_height_has_no_strips():
+    """Issue 43's example: ``check_alignment(-64, 2)`` answered -32 rows per rank."""
+    with pytest.raises(ParallelError, match="height=-64 .*Fix: "):
+        ds.check_alignment(-64, 2)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: ds.strip_rows(128, 2, 2), "rank 2 of a world of 2"),  # rows (128, 192) of a 128-row image
+    (lambda: ds.predict_strip(ds.DenseNet, 2, 1, (128, 64, 3)), "not \\(height, width\\)"),
+    (lambda: ds.predict_strip(ds.DenseNet, 2, 1, (128, 16)), "width is below"),  # deep in strip_forward before
+    (lambda: ds.predict_strip(ds.DenseNet, 2, 1, (128, 64), rank=5), "rank 5 of a world of 2"),
+    (lambda: ds.spatial_memory_table(worlds=()), "worlds=\\(\\)"),  # max() of an empty sequence
+    (lambda: ds.spatial_memory_table(worlds=(0, 2)), "worlds=\\(0, 2\\)"),  # world 0 deep inside
+    (lambda: ds.spatial_memory_table(batches=()), "batches=\\(\\)"),
+    (lambda: ds.memory_check(worlds=(3,)), "multiple of 32 x world = 96"),  # before any prediction
+    (lambda: ds.fp32_combination_error(channels=65), "channels=65"),  # a shape error in the split
+    (lambda: ds.rows_windowed(torch.relu, torch.zeros(1, 1, 4, 4), torch.zeros(1, 1, 1, 4),
+                              torch.zeros(1, 1, 1, 4), 3, 0, 1), "s=0"),  # ZeroDivisionError
+])
+def test_relations_between_the_numbers_are_checked_before_the_work(call, match):
+    """What one argument cannot say alone (a rank below the world, an image of two sides wide
+    enough for the stride, at least one world size): refused with the fix before any prediction."""
+    with pytest.raises(ParallelError, match=match) as err:
+        call()
+    assert "Fix: " in str(err.value)
 
 
 def test_misaligned_refused_before_launch_and_in_forward():

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from course_utils import predict_step
+from course_utils.checks import TechniqueError
 from course_utils.explorer import PRECISIONS, Config, build, estimate, table
 from course_utils.memory import GiB
 from course_utils import budget, cost, explorer as ex
@@ -112,8 +113,72 @@ def test_bad_configs():
         estimate(replace(SMALL, checkpointing="all"))
     with pytest.raises(ValueError, match="In-Place ABN replaces"):
         estimate(replace(SMALL, inplace_abn=True, inplace_relu=True))
-    with pytest.raises(ValueError, match="budget_gib must be > 0"):
+    with pytest.raises(TechniqueError, match="budget_gib=0 .*Fix: "):
         estimate(replace(SMALL, budget_gib=0))
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"levels": 1}, r"at least 2 levels"),  # the issue's example: IndexError in unet.default_channels
+    ({"levels": 6}, r"too small for 6 levels.*at least 2\*\*\(levels-1\) = 32"),
+    ({"volume": (0, 32, 32)}, r"too small for 3 levels"),
+    ({"volume": (16, 32)}, r"not three whole numbers"),
+    ({"volume": (16.5, 32, 32)}, r"not three whole numbers"),
+    ({"dp_ranks": 0}, r"at least one rank"),
+])
+def test_sizes_that_cannot_be_trained_are_refused_when_the_config_is_made(changes, match):
+    """Issue 43: a Config with too few levels raised IndexError from inside the U-Net's builder,
+    a volume of zero or two sides and zero ranks were taken, to fail (or not) later. Each is now
+    refused where the Config is made, with the fix."""
+    with pytest.raises(TechniqueError, match=match) as err:
+        replace(SMALL, **changes)
+    assert "Fix: " in str(err.value)
+
+
+def test_the_explorer_says_what_a_refused_config_needs():
+    """A setting the controls reach that no U-Net trains (6 levels on a 16-voxel depth) is printed
+    under the figure with its fix; the controls keep working."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from course_utils.explorer import explorer
+
+    state = explorer(SMALL).explorer_state
+    n = state.updates
+    state.controls["levels"].value = 6
+    assert state.updates == n and state.shown is None
+    state.controls["levels"].value = 4
+    assert state.updates == n + 1 and state.estimate.config.levels == 4
+
+
+def test_usable_is_the_card_less_the_context_and_workspaces_over_the_slack():
+    """Without this test the mutant ``budget-usable-no-context`` of tools/mutants.py (``Overheads.usable``
+    leaves the CUDA context out of what a card holds) survived every explorer test: ``estimate``
+    corrects its largest batch down with ``needed``, which keeps the context. ``usable`` is
+    ``needed``'s inverse, and what ``fit`` and ``margin`` report as the usable bytes."""
+    over = budget.Overheads(500.0, 0.10, "test", workspace_bytes=8 * MiB)
+    assert over.usable(8 * GiB) == pytest.approx((8 * GiB - 500 * MiB - 8 * MiB) / 1.10)
+    assert over.needed(over.usable(8 * GiB)) == pytest.approx(8 * GiB)
+    assert ex.margin(SMALL, ASSUMED)["usable MiB"] == round((8 * GiB - 500 * MiB) / 1.10 / MiB)
+    for card in (8, 400 * MiB, -1.0, float("nan")):  # GiB where bytes are meant; below the context; not bytes
+        with pytest.raises(TechniqueError, match="Fix: "):
+            over.usable(card)
+    with pytest.raises(TechniqueError, match="Fix: "):
+        over.needed(float("nan"))
+
+
+def test_batch_model_sizes_a_batch_or_says_why_not():
+    """A budget below the fixed part holds batch 0 (exercise 11's card too small); a budget that
+    is not bytes (NaN: 0 before) and a line that does not grow with the batch
+    (ZeroDivisionError before) are refused with the fix."""
+    line = budget.BatchModel(fixed=1000, per_sample=100, breakdown={}, batch=2)
+    assert line.largest_batch(999.0) == 0 and line.largest_batch(1250.5) == 2 and line.peak(0) == 1000
+    for bad in (float("nan"), float("inf"), -1):
+        with pytest.raises(TechniqueError, match="Fix: "):
+            line.largest_batch(bad)
+    with pytest.raises(TechniqueError, match="does not grow with the batch.*Fix: "):
+        budget.BatchModel(fixed=1000, per_sample=0, breakdown={}, batch=2).largest_batch(10**9)
+    with pytest.raises(TechniqueError, match="Fix: "):
+        line.peak(-3)
 
 
 def test_keys_are_identifiers_and_labels_are_for_display():

@@ -12,6 +12,7 @@ import torch
 from course_utils import densenet as dn
 from course_utils import full_resolution as fr
 from course_utils.budget import steady_state, usable_bytes
+from course_utils.checks import NetworkError
 from course_utils.memory import predict_step
 
 TINY = dict(growth_rate=8, block_config=(2, 3, 2, 2), num_init_features=16, bn_size=2)
@@ -46,7 +47,7 @@ def test_largest_side_is_the_boundary(line):
 def test_a_side_that_fills_the_budget_exactly_is_the_largest():
     """The square root in ``largest_side`` can land just below an exact side (per_pixel 0.1, batch 3,
     side 224 gave 192: found while exercise 12 was written); the search must step up as well as down."""
-    m = fr.PixelModel("x", "fp32", fixed=0, per_pixel=0.1, all_gradients=0, gradient_at_peak=0, side=0,
+    m = fr.PixelModel("x", "fp32", fixed=0, per_pixel=0.1, all_gradients=0, gradient_at_peak=0, side=1,
                       seconds=0.0, method="")
     misses = [(b, s) for b in range(1, 9) for s in range(32, 4096, 32)
               if m.largest_side(m.peak(b, s), batch=b) != s]
@@ -105,6 +106,70 @@ def test_readme_only_recomputes_the_rows_it_names():
     merged = merge_figures(old, new)
     assert [r["key"] for r in merged["rows"]] == keys
     assert {r["key"]: r["course"] for r in merged["rows"]} == {k: "new" if k == "seed004_full" else "old" for k in keys}
+
+
+def test_a_negative_peak_gets_no_card():
+    """Issue 43's example: ``smallest_card(-5)`` answered 8 (GB): a negative peak fits anything."""
+    with pytest.raises(NetworkError, match="peak_bytes=-5 .*Fix: "):
+        fr.smallest_card(-5)
+
+
+@pytest.mark.parametrize("cards", [(0, 8), (-16,), (0.25, 8)])
+def test_cards_that_hold_nothing_are_refused(cards):
+    """A card of 0 GiB, a negative one, one smaller than the CUDA context: refused, in this module's
+    error type (the context's own check is budget's), rather than skipped or sent to budget raw."""
+    with pytest.raises(NetworkError, match="Fix: "):
+        fr.smallest_card(1e9, cards)
+
+
+def _hand_line(per_pixel=100.0):
+    return fr.PixelModel("x", "fp32", fixed=10**9, per_pixel=per_pixel, all_gradients=10**8,
+                         gradient_at_peak=5 * 10**7, side=1, seconds=0.0, method="given")
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda m: m.largest_side(float("nan")), "budget_bytes=nan"),  # "cannot convert float NaN to integer"
+    (lambda m: m.largest_side(float("inf")), "budget_bytes=inf"),  # OverflowError
+    (lambda m: m.largest_side(-1.0), "budget_bytes=-1.0"),  # 0 before: a negative budget is no budget
+    (lambda m: m.largest_side(2**65), "2\\*\\*64"),  # past the 64-bit address space
+    (lambda m: m.largest_side(8e9, batch=0), "batch=0"),  # ZeroDivisionError
+    (lambda m: m.largest_side(8e9, batch=-1), "batch=-1"),  # TypeError (a complex square root)
+    (lambda m: m.largest_side(8e9, batch=2.5), "batch=2.5"),
+    (lambda m: m.peak(-1, 100), "batch=-1"),  # a peak below the fixed part before
+    (lambda m: m.per_gpu(1, 64, 64, 0), "world=0"),  # ZeroDivisionError
+    (lambda m: fr.PixelModel(**{**vars(m), "per_pixel": 0.0}).largest_side(8e9), "past 2,147,483,648"),
+    (lambda m: fr.PixelModel(**{**vars(m), "per_pixel": 5e-324}).largest_side(8e9), "past 2,147,483,648"),
+])
+def test_a_line_refuses_numbers_out_of_its_domain(call, match):
+    """``PixelModel``'s methods (which ``guard`` does not reach): each of these raised a raw error
+    or answered out of its domain before."""
+    with pytest.raises(NetworkError, match=match) as err:
+        call(_hand_line())
+    assert "Fix: " in str(err.value)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: fr.largest_int32_side(1, step=0), "step=0"),  # ZeroDivisionError
+    (lambda: fr.running_stat_weight(8, 2.0), "momentum=2.0"),  # one batch moved the statistics 200 %
+    (lambda: fr.accumulation_error("batch", batch=2, side=48), "side >= 61"),  # BatchNorm of 1 value
+    (lambda: fr.accumulation_error("group", batch=2, side=16), "side >= 32"),  # densenet's ValueError
+    (lambda: fr.with_group_norm(fr.tiny_densenet(), 3), "channels_per_group=3"),  # GroupNorm's ValueError
+    (lambda: fr.pixel_model("naive", side=0), "side=0"),  # a prediction of an empty image
+    (lambda: fr.pixel_model("nave"), "unknown variant"),
+    (lambda: fr.weight_copy_bytes("nave"), "unknown variant"),  # answered a naive count
+    (lambda: fr.peak_module("nave"), "unknown variant"),
+])
+def test_module_functions_refuse_what_they_cannot_answer(call, match):
+    with pytest.raises(NetworkError, match=match) as err:
+        call()
+    assert "Fix: " in str(err.value)
+
+
+def test_a_table_marks_a_side_of_zero_as_nothing_fits():
+    """``sides_table`` answers 0 where not even a 32 x 32 image fits (1 GB holds less than the
+    line's fixed GB); marking it must not trip the guard of ``side_mark`` (whose sides are >= 1)."""
+    table = fr.sides_table({"hand": _hand_line()}, cards=(1, 80), marked=True)
+    assert table.iloc[0, 0] == "0" and table.iloc[0, 1] != "0"
 
 
 def test_smallest_card_is_the_first_that_holds_the_peak():

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from course_utils import parallel, spatial, tiling
+from course_utils.checks import ParallelError
 from course_utils.numerics import normalise, relative_error, update_running_stats, uses_batch_stats
 
 
@@ -69,3 +70,22 @@ def test_relative_error_scales_by_the_largest_absolute_reference_value():
     got = [torch.tensor([1.0, -2.0]), torch.tensor([0.5])]
     assert relative_error(got, ref) == 0.5  # largest difference 2, largest reference value 4
     assert relative_error([1000 * t for t in got], [1000 * t for t in ref]) == 0.5
+
+
+def test_relative_error_of_nothing_or_to_a_zero_reference():
+    """No tensors (``max()`` of an empty sequence before) are refused with the fix; an all-zero
+    reference (ZeroDivisionError before: a conv bias in front of BatchNorm has a zero gradient) gives
+    0 where the tensors agree and inf where they do not."""
+    with pytest.raises(ParallelError, match="0 tensors vs 0 reference tensors.*Fix: "):
+        relative_error([], [])
+    zero = [torch.zeros(3)]
+    assert relative_error(zero, zero) == 0.0
+    assert relative_error([torch.ones(3)], zero) == float("inf")
+
+
+def test_running_statistics_of_no_values_are_refused():
+    """``count=0`` made the unbiased variance 0 and moved the running variance toward it."""
+    bn = nn.BatchNorm1d(2)
+    with pytest.raises(ParallelError, match="count=0.*Fix: "):
+        update_running_stats(bn, torch.zeros(2), torch.ones(2), 0)
+    assert torch.equal(bn.running_var, torch.ones(2)) and bn.num_batches_tracked == 0

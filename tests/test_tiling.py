@@ -11,10 +11,11 @@ from course_utils import UNet3D
 from course_utils.limit_test import LimitTestNet, input_bytes
 from course_utils.memory import GiB, default_dtype, predict_step
 from course_utils.parallel import launch
+from course_utils.checks import ParallelError
 from course_utils.spatial import spatial_reference, spatial_worker
 from course_utils.tiling import (
     TilingError, compare_with_untiled, conv_chain, draw_shrinking, draw_tiles, largest_tiled_n,
-    plan_tiles, predict_tiled_step, probe_halo, relative_error, representative, tiled_step,
+    measure_tiled_step, plan_tiles, predict_tiled_step, probe_halo, relative_error, representative, tiled_step,
     work_factor,
 )
 
@@ -191,6 +192,39 @@ def test_bad_plans_name_the_fix(tiles, halo, match):
         plan_tiles((10, 5, 20), tiles, halo)
 
 
+@pytest.mark.parametrize("call, match", [
+    (lambda: plan_tiles((10, 5, 20), 2, 3, axis=5), "axis=5"),  # IndexError
+    (lambda: plan_tiles((10.5, 5, 20), 2, 3), "shape="),  # cut as 10 voxels
+    (lambda: plan_tiles((10, 5, 20), 2, 3, only=[(2, 0, 0)]), "only="),  # a slab outside the volume
+    (lambda: plan_tiles((10, 5, 20), 2, (3, -1, 3)), "halo"),  # no fix in the message
+    (lambda: tiled_step(LimitTestNet(), *volume((8, 8, 8), dtype=torch.float32), bn_backward="both"),
+     "bn_backward"),  # a bare ValueError
+    (lambda: draw_shrinking(LimitTestNet(), size=16, tiles=3, slab=3), "slab 3 of a 3-slab plan"),  # IndexError
+    (lambda: measure_tiled_step(8, 0, device="cpu"), "owned=0"),  # ZeroDivisionError
+    (lambda: predict_tiled_step(LimitTestNet, (8, 0, 8), 2), "n=\\(8, 0, 8\\)"),
+])
+def test_numbers_a_plan_cannot_use_name_the_fix(call, match):
+    """Each raised a raw error (IndexError, ZeroDivisionError, ValueError) or was taken silently."""
+    with pytest.raises(TilingError, match=match) as err:
+        call()
+    assert "Fix: " in str(err.value)
+
+
+def test_a_budget_outside_the_search_is_refused_with_what_it_holds():
+    """Issue 43's example: ``largest_tiled_n(0)`` answered 15 -- one below the search's start, as
+    if N = 15 fitted; a budget of a few bytes did the same. Slabs owning 0 voxels divided by zero;
+    a search start of 0 and a budget that holds the limit raised memory's bare ValueError."""
+    with pytest.raises(TilingError, match="budget_bytes=0 .*Fix: "):
+        largest_tiled_n(0)
+    with pytest.raises(TilingError, match="does not hold the tiled step at N = 16: it needs .*Fix: a budget of at least"):
+        largest_tiled_n(1000)
+    with pytest.raises(TilingError, match="even at N = 32 .*Fix: raise limit"):
+        largest_tiled_n(8 * GiB, limit=32)
+    for kw in ({"owned": 0}, {"start": 0}, {"start": 64, "limit": 32}):
+        with pytest.raises(TilingError, match="Fix: "):
+            largest_tiled_n(8 * GiB, **kw)
+
+
 def test_bad_volumes_name_the_fix():
     net = LimitTestNet()
     with pytest.raises(TilingError, match="x\\[None, None\\]"):
@@ -239,6 +273,24 @@ def test_per_layer_exchange_sends_r_voxels_per_conv(spatial):
 
 def test_spatial_parallel_refuses_slabs_thinner_than_a_layers_halo(spatial):
     assert "fewer ranks" in spatial[0][-1]["error"]
+
+
+@pytest.mark.parametrize("config, match", [
+    ({"net": "resnet"}, "net='resnet'"),  # a bare ValueError
+    ({"volume": (0, 10, 10)}, "volume=\\(0, 10, 10\\)"),  # an empty volume, taken
+    ({"batch": -1}, "batch=-1"),  # torch's RuntimeError
+    ({"dtype": "int64"}, "dtype='int64'"),  # an integer volume
+    ({"dim": 5}, "dim=5"),  # IndexError in every rank
+    ({"exchange": "never"}, "exchange='never'"),
+])
+def test_spatial_configs_are_checked_before_any_message(config, match):
+    """The spatial demos' config is read in every rank: refused (ParallelError, with the fix) before
+    a rank builds its net or sends a message, and the single-process reference refuses it too."""
+    with pytest.raises(ParallelError, match=match) as err:
+        spatial_worker(0, 2, torch.device("cpu"), config)
+    assert "Fix: " in str(err.value)
+    with pytest.raises(ParallelError, match=match):
+        spatial_reference(config)
 
 
 # -- memory: seed 003 past N = 700 ---------------------------------------------------------------

@@ -26,6 +26,9 @@ def measure_tiled_step(n: int, owned: int = 1, *, device: str | torch.device = "
     ``torch.device("cuda")`` without one raised ``ValueError`` on the H200 run of 2026-11-27)."""
     import time
 
+    if n < 1 or owned < 1:
+        raise TilingError(f"measure_tiled_step(n={n}, owned={owned}): a volume of n >= 1 voxels a side, slabs "
+                          "owning owned >= 1 depth voxels.", "n >= 1 and owned >= 1.")
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -73,6 +76,9 @@ def measure_seed003_cuda(budget_bytes: int, margin_bytes: int = 256 * 2**20):
 
     import pandas as pd
 
+    if margin_bytes >= budget_bytes:
+        raise TilingError(f"measure_seed003_cuda: a margin of {margin_bytes:,} bytes leaves nothing of the budget "
+                          f"({budget_bytes:,} bytes).", "a margin smaller than the budget (default: 256 MiB).")
     require_cuda("measure_seed003_cuda")
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     cases = [("volume on the device", largest_tiled_n(budget_bytes, start=256), 1, False),

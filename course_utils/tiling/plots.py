@@ -77,6 +77,9 @@ def draw_shrinking(model: nn.Module, size: int = 16, tiles: int = 3, slab: int =
     gives up r voxels on each side of a cut, so the output is exactly the owned voxels."""
     import matplotlib.pyplot as plt
 
+    if slab >= tiles:
+        raise TilingError(f"draw_shrinking: slab {slab} of a {tiles}-slab plan (slabs count from 0).",
+                          f"a slab from 0 to {tiles - 1}.")
     chain = conv_chain(model)
     nd = chain.spatial_dims
     shape = (size,) + (1,) * (nd - 1)
@@ -110,6 +113,9 @@ def seed003_table(budget_bytes: int, owned: Sequence[int] = (1, 4, 16), stream: 
     tiled step is predicted to fit ``budget_bytes``, and what its peak is made of."""
     import pandas as pd
 
+    if not owned or min(owned) < 1:
+        raise TilingError(f"seed003_table: owned={owned!r}: each slab owns at least one depth voxel.",
+                          "owned=(1, 4, 16), each >= 1.")
     rows = []
     chain = conv_chain(_limit_net())
     for o in owned:
@@ -138,6 +144,8 @@ def draw_memory_vs_n(budget_bytes: int, ns: Sequence[int] | None = None, ax=None
     import matplotlib.pyplot as plt
 
     ns = list(ns or [64, 128, 256, 512, 1024, 2048, 4096, 8192])
+    if min(ns) < 1:
+        raise TilingError(f"draw_memory_vs_n: ns={ns!r}: each N is a cube's side, >= 1.", "e.g. ns=(64, 128, 256).")
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 4.2), layout="constrained")
     untiled = [predict_step(_limit_net, (1, 1, n, n, n), (1, 1, n, n, n), optimizer=None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 from typing import Any, Callable, Sequence
 
 import torch
@@ -93,7 +94,10 @@ def predict_tiled_step(
 
     _TiledLog = _tiled_log_class()
 
-    shape = (n,) * 3 if isinstance(n, int) else tuple(n)
+    shape = (n,) * 3 if isinstance(n, numbers.Integral) else tuple(n)
+    if not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) and s >= 1 for s in shape):
+        raise TilingError(f"n={n!r}: a volume of n voxels per side (or a shape) needs sides >= 1.",
+                          "n a whole number >= 1, or a shape such as (64, 64, 64).")
     mode = FakeTensorMode() if fake else contextlib.nullcontext()
     with default_dtype(dtype), mode:
         model = build_model()
@@ -139,15 +143,31 @@ def largest_tiled_n(budget_bytes: int, build_model: Callable[[], nn.Module] | No
                     dtype: torch.dtype = torch.float32, start: int = 16, limit: int = 1 << 14) -> int:
     """The largest cube side N whose tiled step is predicted to fit ``budget_bytes``, with
     slabs that own ``owned`` voxels of depth each (1 = the thinnest slabs: least memory, most
-    recomputation; see ``work_factor``). Seed 003's net by default."""
+    recomputation; see ``work_factor``). Seed 003's net by default. Searched from ``start`` to
+    ``limit``: a budget that does not hold N = ``start``, or holds N = ``limit``, is refused with
+    what it holds (the answer lies outside the search)."""
+    if owned < 1 or not 1 <= start <= limit:
+        raise TilingError(f"largest_tiled_n(owned={owned}, start={start}, limit={limit}): slabs own at least one "
+                          "voxel, and the search runs from start >= 1 up to limit >= start.",
+                          "owned >= 1 and 1 <= start <= limit (defaults: 1, 16, 16384).")
     build = build_model or _limit_net
+    peaks: dict[int, int] = {}
 
     def fits(n: int) -> bool:
         tiles = max(1, -(-n // owned))
-        return predict_tiled_step(build, n, tiles, stream=stream, optimizer=optimizer,
-                                  dtype=dtype).peak <= budget_bytes
+        peaks[n] = predict_tiled_step(build, n, tiles, stream=stream, optimizer=optimizer, dtype=dtype).peak
+        return peaks[n] <= budget_bytes
 
-    return largest_that_fits(fits, start=start, limit=limit)
+    n = largest_that_fits(fits, start=start, limit=limit, at_limit="return")
+    if n < start:
+        raise TilingError(f"a budget of {budget_bytes:,} bytes does not hold the tiled step at N = {start}: it "
+                          f"needs {peaks[start]:,} bytes (predicted).",
+                          f"a budget of at least {peaks[start]:,} bytes, or a smaller start (N >= 1).")
+    if n == limit:
+        raise TilingError(f"a budget of {budget_bytes:,} bytes holds the tiled step even at N = {limit} (the "
+                          "search's limit): the largest N lies beyond it.",
+                          "raise limit, or check that the budget is in bytes (8 GiB: 8 * 2**30).")
+    return n
 
 
 def _limit_net() -> nn.Module:

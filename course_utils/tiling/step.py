@@ -258,7 +258,7 @@ def tiled_step(
     model: nn.Module,
     x: torch.Tensor,
     target: torch.Tensor,
-    tiles: int | Sequence[int] = 2,
+    tiles: int | Sequence[int] | Sequence[Tile] = 2,
     *,
     axis: int = 0,
     halo: int | Sequence[int] | None = None,
@@ -292,7 +292,8 @@ def tiled_step(
     else:
         plan = plan_tiles(x.shape[2:], tiles, h, axis)
     if bn_backward not in ("exact", "detached"):
-        raise ValueError(f"bn_backward must be 'exact' or 'detached', got {bn_backward!r}")
+        raise TilingError(f"bn_backward must be 'exact' or 'detached', got {bn_backward!r}.",
+                          "bn_backward='exact' (the default) or 'detached'.")
     device = next(model.parameters()).device
     if not stream and x.device != device:
         raise TilingError(f"x is on {x.device}, the model on {device}. Fix: move x there, or "
