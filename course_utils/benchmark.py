@@ -18,7 +18,9 @@ per technique and net:
 from __future__ import annotations
 
 import datetime
+import errno
 import json
+import os
 import platform
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +33,7 @@ from . import explorer
 from .checks import TechniqueError, guard
 from .compare import step_time
 from .config import SEED000_VOLUME
+from .files import replacing, write_error
 from .memory import GiB, MiB, catch_oom, largest_that_fits, measure_step, memory_cap, predict_step
 
 TECHNIQUES: dict[str, dict[str, Any]] = {
@@ -133,11 +136,64 @@ def _time_method() -> str:
             "peaks, terms added, not overlapped (explorer.step_cost)")
 
 
+#: more memory than any GPU has (an H200 has 141 GB, an MI355X 288 GB): a budget past it is a typo
+MAX_BUDGET_GIB = 1024
+
+
+def _refuse_bad_arguments(out: str | Path, nets: tuple[str, ...], budget_gib: int, measure: bool | None,
+                          techniques: list[str] | None) -> None:
+    """Everything ``run`` can tell is wrong before its first prediction, each a TechniqueError
+    that names the argument, the value and the fix."""
+    names = ", ".join(map(repr, TECHNIQUES))
+    unknown = [t for t in techniques or () if t not in TECHNIQUES]
+    if unknown:
+        raise TechniqueError(f"benchmark.run: techniques={unknown!r}: not techniques of the benchmark.",
+                             f"pass names of benchmark.TECHNIQUES: {names} (or techniques=None: all of them).")
+    if techniques is not None and not techniques:
+        raise TechniqueError("benchmark.run: techniques=[] asks for no row.",
+                             f"name at least one of {names}, or pass techniques=None for all of them.")
+    bad_nets = [n for n in nets if n not in NETS]
+    if bad_nets or not nets:
+        raise TechniqueError(f"benchmark.run: nets={tuple(nets)!r}: " + (f"{bad_nets!r} not nets of the benchmark."
+                             if bad_nets else "no net to benchmark."),
+                             f"pass nets as a tuple of {', '.join(map(repr, NETS))}, e.g. nets=('large',).")
+    if budget_gib > MAX_BUDGET_GIB:
+        raise TechniqueError(f"benchmark.run: budget_gib={budget_gib} GiB is more than any GPU has "
+                             f"(at most {MAX_BUDGET_GIB} GiB here).", "pass the card's memory in GiB, e.g. budget_gib=8.")
+    if measure and not torch.cuda.is_available():
+        raise TechniqueError("benchmark.run: measure=True, but this machine has no CUDA GPU "
+                             "(torch.cuda.is_available() is False).",
+                             "pass measure=None (measured where there is a GPU, predicted elsewhere) or "
+                             "measure=False, or run on a machine with a CUDA GPU.")
+    if not str(out):
+        raise TechniqueError("benchmark.run: out='' names no folder.",
+                             "pass out as the folder for the results, e.g. 'benchmarks/results'.")
+
+
+def _output_folder(out: str | Path) -> Path:
+    """``out`` created (the run's first write, before its work), or a TechniqueError naming why not."""
+    path = Path(out)
+    try:
+        if any(len(os.fsencode(part)) > 255 for part in path.parts):  # before mkdir makes its parents
+            raise OSError(errno.ENAMETOOLONG, "File name too long")
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK):
+            raise PermissionError(errno.EACCES, "Permission denied")
+    except (OSError, ValueError) as err:  # ValueError: a NUL character in the path
+        why = str(write_error(path, err)) if isinstance(err, OSError) else f"{err}"
+        raise TechniqueError(f"benchmark.run: out={str(out)!r} cannot be the results' folder: {why}",
+                             "pass out as a folder that exists or can be created, e.g. 'benchmarks/results'.") from None
+    return path
+
+
 def run(out: str | Path, nets: tuple[str, ...] = ("large",), budget_gib: int = 8,
         measure: bool | None = None, techniques: list[str] | None = None,
         progress: bool = True) -> dict[str, Any]:
     """Benchmark ``techniques`` (default: all) on ``nets``; write ``<device>.json``, ``.md`` and
-    ``.png`` under ``out``; return the results."""
+    ``.png`` under ``out`` (each whole or not at all); return the results. Every argument is
+    checked, and the folder made, before the first prediction (``TechniqueError``)."""
+    _refuse_bad_arguments(out, nets, budget_gib, measure, techniques)
+    out = _output_folder(out)
     measure = torch.cuda.is_available() if measure is None else measure
     device = torch.cuda.get_device_name(0) if measure else f"cpu-{platform.machine()}"
     context = cuda_context_bytes() if measure else None
@@ -145,7 +201,7 @@ def run(out: str | Path, nets: tuple[str, ...] = ("large",), budget_gib: int = 8
     rows = []
     for net in nets:
         for name, cfg in configs(net, budget_gib=budget_gib).items():
-            if techniques and name not in techniques:
+            if techniques is not None and name not in techniques:
                 continue
             row: dict[str, Any] = {"net": net, "technique": name, **predicted_row(cfg)}
             if measure:
@@ -167,12 +223,13 @@ def run(out: str | Path, nets: tuple[str, ...] = ("large",), budget_gib: int = 8
                          f"context ({context / MiB:.0f} MiB); step time median of 5 after warm-up"
                          if measure else "not measured: no CUDA GPU")}
     results = {"meta": meta, "rows": rows}
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     stem = recorded.file_stem(device)
-    (out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / f"{stem}.md").write_text(markdown(results))
-    plot(results, out / f"{stem}.png")
+    # all three written to temporary files first, renamed at the end: a failed plot leaves none
+    with replacing(out / f"{stem}.json") as js, replacing(out / f"{stem}.md") as md, \
+            replacing(out / f"{stem}.png") as png:
+        js.write_text(json.dumps(results, indent=2) + "\n")
+        md.write_text(markdown(results))
+        plot(results, png)
     return results
 
 
