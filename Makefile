@@ -59,8 +59,9 @@ test-ci: lint $(GRADING_STAMP) ## what CI runs (.ci/run): test, test-grader, tes
 test-grader: $(GRADING_STAMP) ## the grader's core end to end (in CI; marker grader, not sweep)
 	$(BIN)/python -m pytest -q -m "grader and not sweep" tests
 
-test-sweep: $(GRADING_STAMP) ## the grader's adversarial suite and exhaustive sweeps (not in CI; 55-65 min)
+test-sweep: $(GRADING_STAMP) ## the grader's adversarial suite, exhaustive sweeps, property suites at 400 examples (not in CI; 60-70 min)
 	$(BIN)/python -m pytest -q -m sweep tests
+	HYPOTHESIS_PROFILE=sweep $(BIN)/python -m pytest -q $(XDIST) tests/test_properties_*.py
 
 # two runs: a notebook has no `emulated` mark, so `-m emulated` would deselect it
 test-emulated: install ## what a GPU computes differently, on the CPU (marker emulated; 1-2 min)
