@@ -20,6 +20,7 @@ import contextlib
 import errno
 import json
 import os
+import stat
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -98,7 +99,13 @@ def replacing(path: str | Path) -> Iterator[Path]:
 def atomic_write(path: str | Path, data: bytes | str) -> None:
     """Write ``path`` whole or not at all: a temporary file beside it, then a rename (``replacing``).
     A failed write raises ``RecordError`` naming the file and the fix, and leaves no partial file."""
-    payload = data.encode() if isinstance(data, str) else bytes(data)
+    try:
+        payload = data.encode() if isinstance(data, str) else bytes(data)
+    except UnicodeEncodeError as err:
+        raise RecordError(f"Could not write {path}: its text holds {err.object[err.start:err.end]!r} (character "
+                          f"{err.start}), which UTF-8 cannot encode; nothing was written.",
+                          "remove that character (a lone surrogate: text decoded with errors='surrogateescape', "
+                          "or a JSON \\ud800 escape) from what is written") from None
     with replacing(path) as tmp, open(tmp, "wb") as f:
         f.write(payload)
 
@@ -146,8 +153,8 @@ def parse_json(raw: bytes, where: str, what: str = "a JSON file",
 def read_json(path: str | Path, what: str = "a JSON file", fix: str = "restore it (for a committed file: "
               "`git checkout -- FILE`) or write it again", kind: type | tuple[type, ...] | None = dict) -> Any:
     """The JSON data in ``path``; ``RecordError`` if there is none to read: the message names the
-    file, says it should be ``what`` and what is wrong (missing, a folder, a link to nothing,
-    unreadable, and ``parse_json``'s: empty, not text, cut short, not JSON, the wrong kind), then
+    file, says it should be ``what`` and what is wrong (missing, a folder, a link to nothing, a
+    pipe or a device, unreadable, and ``parse_json``'s: empty, not text, cut short, not JSON, the wrong kind), then
     ``fix`` (``FILE`` in it becomes the path)."""
     path = Path(path)
     fix = fix.replace("FILE", str(path))
@@ -156,6 +163,8 @@ def read_json(path: str | Path, what: str = "a JSON file", fix: str = "restore i
         return RecordError(f"{path} should be {what}, but {problem}.", fix)
 
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode) and not path.is_dir():  # a FIFO or a device: reading could hang
+            raise bad("it is not a regular file (a pipe, a socket or a device)")
         raw = path.read_bytes()
     except FileNotFoundError:
         raise bad("it is a link to a file that does not exist" if path.is_symlink()

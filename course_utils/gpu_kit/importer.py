@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import json
 import tarfile
+import tempfile
 import zlib
 from pathlib import Path
 from typing import Any
 
 from ..checks import RecordError, guard
-from ..files import atomic_write, read_json, replacing
+from ..files import atomic_write, read_json
 from .. import benchmark, recorded
 from . import record
 from .plan import ROOT, slug
@@ -70,7 +71,7 @@ def _bench_checked(data: dict[str, Any], where: str, fix: str) -> dict[str, Any]
     if not isinstance(data["meta"].get("budget_gib"), (int, float)) or isinstance(data["meta"].get("budget_gib"), bool):
         raise RecordError(f"{where}'s meta has no budget_gib (the card's GiB, a number).", fix)
     try:
-        benchmark.markdown(data)
+        benchmark.markdown(data).encode()  # a lone surrogate (JSON's \\ud800) cannot be written
     except (KeyError, TypeError, ValueError, IndexError) as err:
         raise RecordError(f"{where}: its rows do not make a table ({type(err).__name__}: {err}).", fix) from None
     return data
@@ -93,11 +94,23 @@ def _merged_benchmarks(details: dict[str, bytes], where: Path, dest_dir: Path) -
     return out
 
 
-def _write_benchmark(dest: Path, data: dict[str, Any]) -> None:
-    atomic_write(dest, json.dumps(data, indent=2) + "\n")
-    atomic_write(dest.with_suffix(".md"), benchmark.markdown(data))
-    with replacing(dest.with_suffix(".png")) as tmp:
-        benchmark.plot(data, tmp)
+def _rendered(merged: dict[Path, dict[str, Any]]) -> dict[Path, bytes | str]:
+    """Every file the benchmarks make (``<gpu>.json``, ``.md``, ``.png``: drawn in a temporary
+    folder), before any is written; RecordError naming the benchmark if one cannot be drawn (a
+    technique's name matplotlib reads as bad math, say)."""
+    out: dict[Path, bytes | str] = {}
+    with tempfile.TemporaryDirectory(prefix="course-import-") as tmp:
+        for dest, data in merged.items():
+            png = Path(tmp) / f"{dest.stem}.png"
+            try:
+                benchmark.plot(data, png)
+            except Exception as err:  # noqa: BLE001 - whatever matplotlib refuses, the record is what is wrong
+                raise RecordError(f"{dest}: the merged benchmark cannot be drawn ({type(err).__name__}: "
+                                  f"{str(err)[:160]}).", "run the benchmark again on the GPU, or correct the "
+                                  "technique names of the benchmark the kit returned") from None
+            out.update({dest: json.dumps(data, indent=2) + "\n", dest.with_suffix(".md"): benchmark.markdown(data),
+                        dest.with_suffix(".png"): png.read_bytes()})
+    return out
 
 
 def _state(src: Path) -> dict[str, Any]:
@@ -132,7 +145,7 @@ def import_run(files_at: str | Path, root: Path = ROOT, name: str | None = None)
             old = recorded.read_recording(rec_dest) if rec_dest.exists() else None
             figures = (rec_dest, len(new["figures"]),
                        recorded.merge_recordings(old, new, record.merge_figures) if old else new)
-        benches = _merged_benchmarks(details, src / record.DETAILS, root / "benchmarks" / "results")
+        benches = _rendered(_merged_benchmarks(details, src / record.DETAILS, root / "benchmarks" / "results"))
     runs = root / "docs" / "gpu-runs"
     base = name or f"{machine['date']}-{slug(machine['gpu'])}{'-dry-run' if state.get('dry_run') else ''}"
     dest, k = runs / base, 1
@@ -151,8 +164,9 @@ def import_run(files_at: str | Path, root: Path = ROOT, name: str | None = None)
         out = recorded.write(figures[2], figures[0])
         print(f"{out}: {figures[1]} figures merged")
     for out, data in benches.items():
-        _write_benchmark(out, data)
-        print(f"{out}: benchmark rows merged")
+        atomic_write(out, data)
+        if out.suffix == ".json":
+            print(f"{out}: benchmark rows merged")
     print("Next: python -m course_utils.readme --render (the tables of README and docs/), then commit docs/gpu-runs/, "
           "recorded/ and benchmarks/results/.")
     return dest
