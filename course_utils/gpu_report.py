@@ -45,7 +45,7 @@ from .benchmark import cuda_context_bytes
 from .checks import RecordError, guard
 from .gpu_kit import budget, plan, record, summary, tasks
 from .gpu_kit.budget import RECORDED, Clock, Record, Task
-from .gpu_kit.importer import NotARun, import_run
+from .gpu_kit.importer import import_run
 from .memory import MiB
 
 
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.import_from:
         try:
             import_run(args.import_from)
-        except NotARun as err:
+        except RecordError as err:  # NotARun, or a file of the repository it cannot read or write
             print(f"error: {err}", file=sys.stderr)
             return 2
         return 0

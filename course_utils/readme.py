@@ -537,4 +537,7 @@ guard(globals(), RecordError)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except RecordError as err:  # a file it cannot read or write: the message names it and the fix
+        sys.exit(f"error: {err}")

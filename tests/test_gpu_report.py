@@ -524,3 +524,15 @@ def test_the_plan_reads_a_bad_timings_file_as_none_with_a_warning(tmp_path):
         (tmp_path / "results" / "timings.json").write_text(text)
         with pytest.warns(SkippedFile, match="timings.json.*Fix: restore"):
             assert plan.read_timings(tmp_path) == {}
+
+
+def test_the_import_command_names_a_bad_file_and_exits_2(tmp_path, capsys, monkeypatch):
+    """``gpu_report --import`` on a folder whose recorded figures are cut short: one line naming
+    the file and the fix, exit status 2 (a traceback, before)."""
+    monkeypatch.setattr(gpu_report, "import_run", lambda src: importer.import_run(src, root=tmp_path / "repo"))
+    (tmp_path / record.STATE).write_text(json.dumps({"machine": {"gpu": "G", "date": "d"}, "tasks": []}))
+    (tmp_path / record.RECORDED).write_text('{"meta": {"gpu": "G", "tor')
+    assert gpu_report.main(["--import", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {tmp_path / record.RECORDED} should be a recording" in err and "Fix: restore" in err
+    assert not (tmp_path / "repo").exists()
