@@ -18,7 +18,9 @@ A notebook ``NN`` of the course is made of (``course_utils/templates/`` holds th
 * a "**Next:**" link to it from the notebook before.
 
 The scaffold creates the files that are missing from the templates, adds the rows and the link,
-and times the new notebook; ``problems()`` (run by tests/test_course_layout.py) names every part
+and times the new notebook. It reads and checks everything first (the number, the title, every file
+it reads: ``ScaffoldError`` with the fix, nothing written), and a write or timing that still fails
+puts every file back as it was. ``problems()`` (run by tests/test_course_layout.py) names every part
 that is missing or disagrees, with the file to edit and the fix. The templates' example text carries
 the marker ``TODO(scaffold)``: a fresh scaffold passes the tests (``make test-scaffold``), but
 ``--check`` (``release_problems()``) refuses every marker left in a notebook's files.
@@ -35,7 +37,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .checks import ScaffoldError, guard
+from .checks import CourseError, RecordError, ScaffoldError, guard
+from .files import atomic_write, read_json, write_error
+from .gpu_kit.plan import timings_problem
 from .layout import EXERCISE_SUFFIX, exercise_name, lesson_stem, notebook_title
 from .markdown import links
 
@@ -81,8 +85,15 @@ def entries(root: Path = ROOT) -> list[Entry]:
 
 
 def title(root: Path, entry: Entry) -> str:
-    """A notebook's title from its first heading: '# 05 · In-place ReLU' -> 'In-place ReLU'."""
-    return notebook_title(root / entry.notebook)
+    """A notebook's title from its first heading: '# 05 · In-place ReLU' -> 'In-place ReLU';
+    ``ScaffoldError`` naming the notebook where it has none to read."""
+    try:
+        return notebook_title(root / entry.notebook)
+    except (OSError, ValueError, LookupError, TypeError, AttributeError) as err:
+        raise ScaffoldError(f"{entry.notebook}: its title cannot be read (a first cell whose first line is "
+                            f"'# {entry.nn} · Title'): {type(err).__name__}: {str(err)[:200]}.",
+                            f"restore the notebook (`git checkout -- {entry.notebook}`) or give it that first "
+                            "line") from None
 
 
 def _cells(path: Path) -> list[dict]:
@@ -201,13 +212,37 @@ def check_tables(root: Path = ROOT) -> list[str]:
 def _parts(root: Path, e: Entry) -> list[str]:
     """The part keys of an exercise, read from its source (``X = EX.part("key", ...)``): the
     checks must not import a module of another checkout."""
-    return re.findall(r'\bEX\.part\(\s*"([^"]+)"', (root / e.grading).read_text())
+    return _part_keys((root / e.grading).read_text())
+
+
+def _part_keys(source: str) -> list[str]:
+    return re.findall(r'\bEX\.part\(\s*"([^"]+)"', source)
+
+
+def timing_rows(root: Path = ROOT) -> dict[str, dict]:
+    """results/timings.json's rows ({} where the file is absent); ``ScaffoldError`` naming the file
+    and the fix where it cannot be read or is not a timings file (``gpu_kit.plan.timings_problem``)."""
+    path = root / "results" / "timings.json"
+    if not path.exists() and not path.is_symlink():
+        return {}
+    fix = ("restore it (`git checkout -- results/timings.json`), or time the notebooks again "
+           "(`python -m course_utils.readme --render --timings`)")
+    try:
+        data = read_json(path, "the notebooks' timings", fix)
+    except RecordError as err:
+        raise ScaffoldError(str(err).replace(str(path), "results/timings.json")) from None
+    problem = timings_problem(data)
+    if problem:
+        raise ScaffoldError(f"results/timings.json: {problem}.", fix)
+    return data["rows"]
 
 
 def check_timings(root: Path = ROOT) -> list[str]:
     """results/timings.json: one row per notebook, with its run and its solution's."""
-    path = root / "results" / "timings.json"
-    rows = json.loads(path.read_text())["rows"] if path.exists() else {}
+    try:
+        rows = timing_rows(root)
+    except ScaffoldError as err:
+        return [str(err)]
     course = entries(root)
     out = []
     for e in course:
@@ -336,8 +371,37 @@ def check_placeholders(root: Path = ROOT) -> list[str]:
     return out
 
 
+def check_readable(root: Path = ROOT) -> list[str]:
+    """Every notebook, solution and exercise is a notebook's JSON (the other checks read them),
+    README.md and docs/teaching.md are there, and results/timings.json reads as timings."""
+    out = []
+    for folder in ("notebooks", "solutions", "exercises"):
+        for p in sorted((root / folder).glob("*.ipynb")):
+            try:
+                cells = _cells(p)
+                if not (isinstance(cells, list) and all(isinstance(c, dict) and "cell_type" in c and "source" in c
+                                                        for c in cells)):
+                    raise ValueError("its cells are not a list of cells")
+            except (OSError, ValueError, LookupError, TypeError) as err:
+                out.append(f"{folder}/{p.name} cannot be read as a notebook ({type(err).__name__}: "
+                           f"{str(err)[:120]}). Fix: restore it (`git checkout -- {folder}/{p.name}`) or "
+                           "save it again from JupyterLab")
+    for rel in ("README.md", "docs/teaching.md"):
+        if not (root / rel).is_file():
+            out.append(f"{rel} is missing. Fix: restore it (`git checkout -- {rel}`)")
+    try:
+        timing_rows(root)
+    except ScaffoldError as err:
+        out.append(str(err))
+    return out
+
+
 def problems(root: Path = ROOT) -> list[str]:
-    """Every disagreement between the course's parts, each with the file to edit and the fix."""
+    """Every disagreement between the course's parts, each with the file to edit and the fix
+    (first the files the checks cannot read, alone: the checks need them)."""
+    unreadable = check_readable(root)
+    if unreadable:
+        return unreadable
     return check_files(root) + check_tables(root) + check_timings(root) + check_links(root) + check_points(root)
 
 
@@ -345,7 +409,7 @@ def release_problems(root: Path = ROOT) -> list[str]:
     """``problems()`` and every placeholder of the templates left in a notebook's files: what
     ``python -m course_utils.scaffold --check`` lists. A fresh scaffold passes the tests (``make
     test-scaffold``) but not this: its example text is there to be replaced."""
-    return problems(root) + check_placeholders(root)
+    return check_readable(root) or problems(root) + check_placeholders(root)
 
 
 # --------------------------------------------------------------------------------------------
@@ -355,49 +419,93 @@ def slug(text: str) -> str:
     """'Activation offloading!' -> 'activation_offloading'."""
     s = re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
     if not s:
-        raise ValueError(f"the title {text!r} has no letter or digit to name the files with")
+        raise ScaffoldError(f"the title {text!r} has no letter or digit (a-z, 0-9) to name the files with.",
+                            'give a title with words in it, e.g. "Activation offloading"')
     return s
+
+
+#: the longest title a notebook takes (its file names hold it, and a heading, a table row and a link)
+TITLE_MAX = 80
+#: what a title may not hold: markdown's table cells, links, math and HTML; Python's strings
+TITLE_FORBIDDEN = '|$`[]<>"\\'
+
+
+def check_title(text: str) -> str:
+    """A new notebook's title, stripped, or ``ScaffoldError`` saying what is wrong with it and the fix."""
+    said = repr(text) if len(text) <= 60 else repr(text[:57]) + "..."
+    stripped = text.strip()
+    fix = 'give a title of plain words, e.g. "Activation offloading"'
+    if not stripped:
+        raise ScaffoldError("a new notebook needs a title, and this one is empty.", fix)
+    if len(stripped) > TITLE_MAX:
+        raise ScaffoldError(f"the title {said} has {len(stripped)} characters: the file names, heading and "
+                            f"table rows take {TITLE_MAX} at most.", f"{fix}, of {TITLE_MAX} characters or fewer")
+    bad = sorted({c for c in stripped if c in TITLE_FORBIDDEN or not c.isprintable()})
+    if bad:
+        raise ScaffoldError(f"the title {said} holds {', '.join(map(repr, bad))}: a title goes into markdown tables, "
+                            f"links and a Python string, which cannot hold {' '.join(TITLE_FORBIDDEN)}, line "
+                            "breaks, tabs or other control characters.", fix)
+    slug(stripped)
+    return stripped
 
 
 def _fill(text: str, values: dict[str, str], where: str) -> str:
     try:
         return string.Template(text).substitute(values)
     except (KeyError, ValueError) as err:
-        raise ValueError(f"{where}: unknown placeholder {err} (known: ${', $'.join(values)}; "
-                         "write $$ for a dollar sign)") from None
+        raise ScaffoldError(f"{where}: unknown placeholder {err} (known: ${', $'.join(values)}).",
+                            "write $$ for a dollar sign in the template") from None
 
 
-def _write_notebook(template: Path, dest: Path, values: dict[str, str]) -> None:
+def _notebook_text(template: Path, values: dict[str, str]) -> str:
     nb = json.loads(template.read_text(encoding="utf-8"))
     for k, cell in enumerate(nb["cells"]):
         text = _fill(_source(cell), values, f"{template.name}, cell {k}")
         cell["source"] = text.splitlines(keepends=True)
-    dest.write_text(json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+    return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def _module_text(template: str, values: dict[str, str]) -> str:
+    text = _fill((TEMPLATES / template).read_text(), values, template)
+    try:
+        compile(text, template, "exec")
+    except SyntaxError as err:
+        raise ScaffoldError(f"the title {values['TITLE']!r} makes {template} invalid Python ({err.msg}).",
+                            'give a title of plain words, e.g. "Activation offloading"') from None
+    return text
 
 
 def _insert_row(text: str, heading: str, row_re: str, nn: str, row: str, path: str) -> str:
     """``row`` in the table under ``heading``, after the rows numbered below ``nn`` (rows of
     that section only: a later section's numbered table, the GPU kit's plan say, is not it)."""
+    fix = f"restore {path}'s table (`git checkout -- {path}`), then run the scaffold again"
     if heading not in text:
-        raise ValueError(f"{path} has no section '{heading}' to add the row {row!r} to")
+        raise ScaffoldError(f"{path} has no section '{heading}' to add the row {row!r} to.", fix)
     head, rest = text.split(heading, 1)
     lines = rest.split("\n")
     end = next((i for i, line in enumerate(lines) if i and line.startswith("## ")), len(lines))
     rows = [i for i, line in enumerate(lines[:end]) if re.match(row_re, line)]
     if not rows:
-        raise ValueError(f"{path}, section '{heading}': no table rows found to add {row!r} after")
+        raise ScaffoldError(f"{path}, section '{heading}': no table rows found to add {row!r} after.", fix)
     after = max((i for i in rows if lines[i][2:4] < nn), default=rows[0] - 1)
     lines.insert(after + 1, row)
     return head + heading + "\n".join(lines)
 
 
-def _link_from_previous(root: Path, prev: Entry, new: Entry, new_title: str) -> bool:
-    """Add "**Next:** [NN · title](NN_topic.ipynb)." to the previous notebook's last cell (before
-    its "**Back to the start:**" line, if any). False if it links to the new one already."""
-    path = root / prev.notebook
-    nb = json.loads(path.read_text(encoding="utf-8"))
+def _read(root: Path, rel: str) -> str:
+    try:
+        return (root / rel).read_text(encoding="utf-8")
+    except (OSError, ValueError) as err:
+        raise ScaffoldError(f"{rel} cannot be read ({type(err).__name__}: {err}).",
+                            f"restore it (`git checkout -- {rel}`), then run the scaffold again") from None
+
+
+def _linked_previous(root: Path, prev: Entry, new: Entry, new_title: str) -> str | None:
+    """The previous notebook's text with "**Next:** [NN · title](NN_topic.ipynb)." in its last cell
+    (before its "**Back to the start:**" line, if any); None if it links to the new one already."""
+    nb = json.loads(_read(root, prev.notebook))
     if any(f"{new.stem}.ipynb" in links(_source(c)) for c in nb["cells"] if c["cell_type"] == "markdown"):
-        return False
+        return None
     cell = nb["cells"][-1]
     line = f"**Next:** [{new.nn} · {new_title}]({new.stem}.ipynb)."
     text = _source(cell)
@@ -406,79 +514,148 @@ def _link_from_previous(root: Path, prev: Entry, new: Entry, new_title: str) -> 
     else:
         text = text.rstrip("\n") + "\n" + line
     cell["source"] = text.splitlines(keepends=True)
-    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    return True
+    return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+
+
+def _entry(nn: str, title_text: str | None, root: Path, course: list[Entry]) -> tuple[Entry, str]:
+    """The notebook ``nn`` names and its title; ``ScaffoldError`` for a number or title it cannot take."""
+    py, nxt = _python(root), next_number(root)
+    if not re.fullmatch(r"[0-9]{2}", nn):
+        raise ScaffoldError(f"the number {nn!r} is not two digits.", f"give the next free number, e.g. "
+                            f"`{py} -m course_utils.scaffold {nxt} \"Its title\"`")
+    existing = [e for e in course if e.nn == nn]
+    if existing:
+        entry = existing[0]
+        own = title(root, entry)
+        if title_text and title_text.strip() and title_text.strip() != own:
+            try:
+                shown = check_title(title_text)  # (echoed in the fix only if it could be a title)
+            except ScaffoldError:
+                shown = "Its title"
+            raise ScaffoldError(f"notebook {nn} exists already ({entry.notebook}, '{own}'). Nothing was written.",
+                                f"a new notebook takes the next free number, {nxt}: `{py} -m course_utils.scaffold "
+                                f"{nxt} \"{shown}\"` (or make new-notebook NN={nxt} TITLE=...); "
+                                f"`{py} -m course_utils.scaffold {nn}`, without a title, writes only the parts "
+                                f"notebook {nn} lacks")
+        return entry, own
+    if nn != nxt:
+        raise ScaffoldError(f"notebook {nn} does not exist, and a new notebook takes the next number, {nxt}.",
+                            f"`{py} -m course_utils.scaffold {nxt} \"Its title\"` (to insert a notebook between, "
+                            "renumber the later notebooks by hand)")
+    if title_text is None:
+        raise ScaffoldError("a new notebook needs a title.", f'`{py} -m course_utils.scaffold {nn} "Its title"`')
+    title_text = check_title(title_text)
+    return Entry(nn, f"{nn}_{slug(title_text)}"), title_text
+
+
+def _planned(nn: str, title_text: str | None, root: Path) -> tuple[Entry, list[tuple[str, str, str]], bool]:
+    """What the scaffold of ``nn`` will write, every file read and checked first: (the notebook,
+    [(path, its new text, the line that says so)], whether to time it). Nothing is written."""
+    if not (root / "notebooks").is_dir():
+        raise ScaffoldError(f"{root} has no notebooks/.", "run the scaffold from a checkout of the course")
+    course = entries(root)
+    entry, title_text = _entry(nn, title_text, root, course)
+    rows = timing_rows(root)
+    values = {"NN": nn, "TITLE": title_text, "STEM": entry.stem, "TITLE_PY": json.dumps(title_text),
+              "FIRST_STEM": course[0].stem if course else entry.stem,
+              "FIRST_TITLE": title(root, course[0]) if course else title_text}
+    texts: dict[str, str] = {}
+    for rel, template in ((entry.notebook, "notebook.ipynb"), (entry.solution, "solution.ipynb")):
+        if not (root / rel).exists():
+            texts[rel] = _notebook_text(TEMPLATES / template, values)
+    for rel, template in ((entry.grading, "exercise.py.tmpl"), (entry.wrong, "wrong_answers.py.tmpl")):
+        if not (root / rel).exists():
+            texts[rel] = _module_text(template, values)
+    plan = [(rel, text, f"wrote {rel}") for rel, text in texts.items()]
+    if not (root / entry.exercise).exists() or entry.solution in texts:
+        plan.append((entry.exercise, _exercise_text(entry, texts.get(entry.solution) or _read(root, entry.solution)),
+                     f"wrote {entry.exercise} (generated from the solution)"))
+    readme = _read(root, "README.md")
+    if entry.stem not in [s for _, s in _readme_rows(readme)]:
+        plan.append(("README.md", _insert_row(readme, README_SECTION, r"\| \d\d \| `", nn,
+                                              f"| {nn} | `{entry.stem}` | {title_text} |", "README.md"),
+                     f"added the row of {nn} to README.md's table '{README_SECTION}'"))
+    teaching = _read(root, "docs/teaching.md")
+    if nn not in dict(_teaching_rows(teaching)):
+        grading = texts.get(entry.grading) or _read(root, entry.grading)
+        names = re.search(r"names=\(([^)]*)\)", grading)
+        writes = ", ".join(f"`{n}`" for n in re.findall(r'"(\w+)"', names.group(1))) if names else "-"
+        plan.append(("docs/teaching.md", _insert_row(teaching, TEACHING_SECTION, r"\| \d\d \| ", nn,
+                                                     f"| {nn} | {writes} | {len(_part_keys(grading))} |",
+                                                     "docs/teaching.md"),
+                     f"added the row of exercise {nn} to docs/teaching.md's table '{TEACHING_SECTION}'"))
+    before = [e for e in course if e.nn < nn]
+    linked = _linked_previous(root, before[-1], entry, title_text) if before else None
+    if linked is not None:
+        plan.append((before[-1].notebook, linked, f"linked {before[-1].notebook} to it (**Next:**)"))
+    row = rows.get(nn, {})
+    return entry, plan, not all(isinstance(row.get(f), int) for f in ("notebooks", "solutions"))
+
+
+def _exercise_text(entry: Entry, solution: str) -> str:
+    """The exercise generated from the solution's text, as ``grading.generate`` writes it."""
+    import tempfile
+
+    # lazy: grading.generate imports nbformat (1.5 CPU-s), paid only when an exercise is written
+    from .grading.generate import exercise_text
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / Path(entry.solution).name
+        path.write_text(solution, encoding="utf-8")
+        try:
+            return exercise_text(path)
+        except ValueError as err:  # SolutionFormatError: a region nbgrader refuses
+            raise ScaffoldError(f"{entry.solution}: {err}.", "mark its solution regions as nbgrader's rules say "
+                                "(`python -m course_utils.grading.generate --check` names them)") from None
+
+
+#: what the timing run (``readme --render --timings NN``) rewrites: put back if the scaffold fails
+TIMED_FILES = ("results/timings.json", "README.md", "docs/teaching.md", "docs/benchmark.md", "docs/gpu-kit.md")
+
+
+def _put_back(root: Path, old: dict[str, bytes | None], folders: list[Path]) -> None:
+    """Every file in ``old`` as it was (removed where it was not there), then the ``folders`` the
+    scaffold made, if empty."""
+    for rel, data in old.items():
+        path = root / rel
+        if data is None:
+            path.unlink(missing_ok=True)
+        elif not path.is_file() or path.read_bytes() != data:
+            atomic_write(path, data)
+    for folder in reversed(folders):
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def scaffold(nn: str, title_text: str | None = None, root: Path = ROOT, timings: bool = True) -> list[str]:
     """Create what notebook ``nn`` lacks (all of it for a new notebook, which needs ``title_text``);
-    returns what was done, one line each."""
-
-    if not re.fullmatch(r"\d\d", nn):
-        raise ValueError(f"the number must have two digits, e.g. 11, not {nn!r}")
-    if not (root / "notebooks").is_dir():
-        raise ValueError(f"{root} has no notebooks/: run the scaffold from a checkout of the course")
-    course = entries(root)
-    existing = [e for e in course if e.nn == nn]
-    nxt = next_number(root)
-    if existing:
-        entry = existing[0]
-        if title_text and title_text.strip() and slug(title_text) != entry.stem[3:]:
-            raise ValueError(f"notebook {nn} exists already ({entry.notebook}, '{title(root, entry)}'): a new "
-                             f"notebook takes the next free number, {nxt}: `{_python(root)} -m course_utils.scaffold "
-                             f"{nxt} \"{title_text.strip()}\"` (or make new-notebook NN={nxt} TITLE=...); "
-                             f"`{_python(root)} -m course_utils.scaffold {nn}`, without a title, writes only the "
-                             f"parts notebook {nn} lacks. Nothing was written")
-        title_text = title(root, entry)
-    else:
-        if nn != nxt:
-            raise ValueError(f"notebook {nn} does not exist, and a new notebook takes the next number, {nxt} "
-                             "(to insert one between, renumber the later notebooks by hand)")
-        if not title_text or not title_text.strip():
-            raise ValueError(f'a new notebook needs a title: {_python(root)} -m course_utils.scaffold {nn} "Its title"')
-        if re.search(r"[|\n$`]", title_text):
-            raise ValueError(f"the title {title_text!r} must not contain |, $, ` or a line break (it goes "
-                             "into markdown tables and Python strings)")
-        title_text = title_text.strip()
-        entry = Entry(nn, f"{nn}_{slug(title_text)}")
-    values = {"NN": nn, "TITLE": title_text, "STEM": entry.stem, "TITLE_PY": json.dumps(title_text),
-              "FIRST_STEM": course[0].stem if course else entry.stem,
-              "FIRST_TITLE": title(root, course[0]) if course else title_text}
-    done = []
-    for rel, template in ((entry.notebook, "notebook.ipynb"), (entry.solution, "solution.ipynb")):
-        if not (root / rel).exists():
-            _write_notebook(TEMPLATES / template, root / rel, values)
-            done.append(f"wrote {rel}")
-    for rel, template in ((entry.grading, "exercise.py.tmpl"), (entry.wrong, "wrong_answers.py.tmpl")):
-        if not (root / rel).exists():
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            (root / rel).write_text(_fill((TEMPLATES / template).read_text(), values, template))
-            done.append(f"wrote {rel}")
-    if not (root / entry.exercise).exists() or f"wrote {entry.solution}" in done:
-        # lazy: grading.generate imports nbformat (1.5 CPU-s), paid only when an exercise is written
-        from .grading.generate import exercise_text
-
-        (root / entry.exercise).write_text(exercise_text(root / entry.solution))
-        done.append(f"wrote {entry.exercise} (generated from the solution)")
-    readme = root / "README.md"
-    if entry.stem not in [s for _, s in _readme_rows(readme.read_text())]:
-        readme.write_text(_insert_row(readme.read_text(), README_SECTION, r"\| \d\d \| `", nn,
-                                      f"| {nn} | `{entry.stem}` | {title_text} |", "README.md"))
-        done.append(f"added the row of {nn} to README.md's table '{README_SECTION}'")
-    teaching = root / "docs" / "teaching.md"
-    if nn not in dict(_teaching_rows(teaching.read_text())):
-        names = re.search(r"names=\(([^)]*)\)", (root / entry.grading).read_text())
-        writes = ", ".join(f"`{n}`" for n in re.findall(r'"(\w+)"', names.group(1))) if names else "-"
-        teaching.write_text(_insert_row(teaching.read_text(), TEACHING_SECTION, r"\| \d\d \| ", nn,
-                                        f"| {nn} | {writes} | {len(_parts(root, entry))} |", "docs/teaching.md"))
-        done.append(f"added the row of exercise {nn} to docs/teaching.md's table '{TEACHING_SECTION}'")
-    before = [e for e in course if e.nn < nn]
-    if before and _link_from_previous(root, before[-1], entry, title_text):
-        done.append(f"linked {before[-1].notebook} to it (**Next:**)")
-    row = json.loads((root / "results" / "timings.json").read_text())["rows"].get(nn, {})
-    if timings and not all(isinstance(row.get(f), int) for f in ("notebooks", "solutions")):
-        _time(root, nn)
-        done.append(f"timed {entry.notebook} and {entry.solution} into results/timings.json and docs/teaching.md")
+    returns what was done, one line each. Every number, title and file it reads is checked before
+    its first write (``ScaffoldError``, nothing written), and if a write or the timing fails, every
+    file it wrote is put back as it was."""
+    entry, plan, untimed = _planned(nn, title_text, root)
+    timed = timings and untimed
+    touched = [rel for rel, _, _ in plan] + [rel for rel in TIMED_FILES if timed]
+    old = {rel: (root / rel).read_bytes() if (root / rel).is_file() else None for rel in touched}
+    folders = sorted({p for rel in touched for p in (root / rel).parents
+                      if root in p.parents and not p.exists()}, key=lambda p: len(p.parts))
+    done, current = [], None
+    try:
+        for current, text, said in plan:
+            atomic_write(root / current, text)
+            done.append(said)
+        if timed:
+            current = None
+            _time(root, nn)
+            done.append(f"timed {entry.notebook} and {entry.solution} into results/timings.json and docs/teaching.md")
+    except BaseException as err:
+        _put_back(root, old, folders)
+        if isinstance(err, OSError):  # (atomic_write's own are RecordErrors already)
+            err = write_error(root / (current or "results/timings.json"), err)
+        if isinstance(err, CourseError):
+            said = str(err)[:-len(f" Fix: {err.fix}")] if err.fix else str(err)
+            raise ScaffoldError(f"{said.rstrip().rstrip('.')}; the scaffold put back every file it had written: the "
+                                "tree is as it was.", err.fix) from err
+        raise
     return done
 
 
@@ -503,8 +680,9 @@ def _time(root: Path, nn: str) -> None:
     r = subprocess.run([sys.executable, "-m", "course_utils.readme", "--render", "--timings", nn],
                        cwd=root, env=env, capture_output=True, text=True)
     if r.returncode:
-        raise ValueError(f"timing notebook {nn} failed (python -m course_utils.readme --render --timings {nn}):\n"
-                         + (r.stdout + r.stderr)[-3000:])
+        raise ScaffoldError(f"timing notebook {nn} failed (python -m course_utils.readme --render --timings {nn}):\n"
+                            + (r.stdout + r.stderr)[-3000:].rstrip() + "\n",
+                            "make the new notebook and its solution run top to bottom, then run the scaffold again")
 
 
 NEXT_STEPS = """
@@ -533,24 +711,26 @@ def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
                     help=f"only list what is missing or disagrees, and the templates' {PLACEHOLDER} markers left")
     ap.add_argument("--no-timings", action="store_true", help="do not time the new notebook (about a minute)")
     args = ap.parse_args(argv)
+    if args.check and args.nn is not None:
+        ap.error(f"--check takes no number or title (got {args.nn!r}): run it alone")
     if args.check or args.nn is None:
         found = release_problems(root)
         print("\n".join(found) or "the course's parts agree")
         return 1 if found else 0
     try:
         done = scaffold(args.nn, args.title, root=root, timings=not args.no_timings)
-    except ValueError as err:
+    except CourseError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     e = next(e for e in entries(root) if e.nn == args.nn)
     if not done:
-        said = (f"notebook {e.nn} ({e.notebook}) has all its parts already: nothing was written. A new notebook "
-                f"takes the next free number, {next_number(root)}: `{_python(root)} -m course_utils.scaffold "
-                f"{next_number(root)} \"Its title\"`")
+        said = f"notebook {e.nn} ({e.notebook}) has all its parts already: nothing was written."
+        nxt = (f"a new notebook takes the next free number, {next_number(root)}: `{_python(root)} -m "
+               f"course_utils.scaffold {next_number(root)} \"Its title\"`")
         if args.title:  # asked to create, and nothing was created: not a success
-            print(f"error: {said}", file=sys.stderr)
+            print(f"error: {said} Fix: {nxt}", file=sys.stderr)
             return 1
-        print(said)
+        print(f"{said} {nxt[0].upper()}{nxt[1:]}")
         return 0
     print("\n".join(done))
     print(NEXT_STEPS.format(nn=e.nn, notebook=e.notebook, solution=e.solution, grading=e.grading, wrong=e.wrong,

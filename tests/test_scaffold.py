@@ -321,3 +321,97 @@ def test_make_help_lists_every_target_in_one_line_and_is_the_default():
     runs = [i + 1 for i in range(len(lines) - 1) if lines[i].lstrip().startswith("#")
             and lines[i + 1].lstrip().startswith("#")]
     assert not runs, f"Makefile: comments over several lines at lines {runs}: one line each (move the rest to CONTRIBUTING.md)"
+
+
+# -- issue 43: a scaffold validates everything before its first write, and undoes a failed one --
+def _tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` and its bytes: what a refused or undone scaffold must leave as it was."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _refused(code: int, err: str) -> bool:
+    """Refused as the command line should: a non-zero exit, one line on stderr with its fix."""
+    return code != 0 and len(err.strip().splitlines()) == 1 and "Fix:" in err
+
+
+def test_a_corrupt_timings_file_is_refused_before_the_first_write(course):
+    """Issue 43: the scaffold wrote five files and three edits, then failed on a truncated
+    results/timings.json (a JSONDecodeError naming no file), and left them all."""
+    (course / "results" / "timings.json").write_text('{"rows": {"00": {"notebooks": 1')
+    before = _tree(course)
+    code, out, err = _main(scaffold.next_number(course), "Activation offloading", "--no-timings", root=course)
+    assert _refused(code, err) and "results/timings.json" in err and "cut short" in err, (code, err)
+    assert _tree(course) == before
+    code, out, err = _main("--check", root=course)  # --check names it too, instead of a traceback
+    assert code == 1 and "results/timings.json" in out and "Fix:" in out, out
+
+
+def test_a_title_the_files_cannot_hold_is_refused_before_the_first_write(course):
+    """Issue 43: a 300-character title reached a raw OSError (File name too long) after the
+    notebook's folder was listed; control characters, a lone surrogate and what breaks the
+    markdown tables, links or the grading module's Python were written as they came."""
+    before, nxt = _tree(course), scaffold.next_number(course)
+    for title in ("x" * 300, "tab\there", "nul\x00byte", "lone \ud800 surrogate", "a | b", "cost in $",
+                  "[a link](x)", 'say """hi', "back\\slash", "<b>bold</b>", "!!!", "   "):
+        code, out, err = _main(nxt, title, "--no-timings", root=course)
+        assert _refused(code, err) and "title" in err, (title, code, err)
+    assert _tree(course) == before
+
+
+def test_a_number_that_is_not_two_digits_is_refused_with_the_fix(course):
+    before = _tree(course)
+    for nn in ("1", "123", "ab", "-1", "\u0661\u0663", "", "1 "):
+        code, out, err = _main(nn, "Activation offloading", "--no-timings", root=course)
+        assert _refused(code, err), (nn, code, err)
+    assert _tree(course) == before
+
+
+def test_an_existing_number_with_another_title_is_refused_even_when_the_file_names_would_agree(course):
+    """Issue 43: `scaffold NN "Title"` for an existing NN whose files the title would name (the
+    same words, another spelling) ignored the title, wrote the parts NN lacked and exited 0."""
+    last = scaffold.entries(course)[-1]
+    (course / last.wrong).unlink()
+    before = _tree(course)
+    other = last.stem[3:].replace("_", " ").upper() + "!"  # slug(other) is its file name: only the title differs
+    code, out, err = _main(last.nn, other, "--no-timings", root=course)
+    assert _refused(code, err) and f"notebook {last.nn} exists already" in err, (code, err)
+    assert _tree(course) == before
+
+
+def test_an_existing_notebook_named_by_its_own_title_gets_the_parts_it_lacks(course):
+    """Its own title is no other title, though its file name is not the title's words (05's
+    `inplace_relu` for 'In-place ReLU'): it was refused as if it named another notebook."""
+    e = next(e for e in scaffold.entries(course)
+             if scaffold.slug(scaffold.title(course, e)) != e.stem[3:])
+    (course / e.wrong).unlink()
+    code, out, err = _main(e.nn, scaffold.title(course, e), "--no-timings", root=course)
+    assert code == 0 and f"wrote {e.wrong}" in out and (course / e.wrong).is_file(), (code, out, err)
+
+
+def test_a_failed_timing_puts_back_every_file_the_scaffold_wrote(course, monkeypatch):
+    """A failure after the writes (here the new notebook's timing) leaves the tree as it was:
+    every file it created removed, every file it edited restored."""
+    def timing_fails(root, nn):  # noqa: ARG001 - _time's signature
+        (root / "results" / "timings.json").write_text("{}")  # what the timing run had written
+        raise scaffold.ScaffoldError(f"timing notebook {nn} failed.", "fix the notebook")
+    monkeypatch.setattr(scaffold, "_time", timing_fails)
+    before = _tree(course)
+    code, out, err = _main(scaffold.next_number(course), "Activation offloading", root=course)
+    assert code == 2 and "timing notebook" in err and "as it was" in err, err
+    assert _tree(course) == before
+
+
+def test_a_failed_write_puts_back_every_file_the_scaffold_wrote(course, monkeypatch):
+    """A full disk at the last of the scaffold's writes (the previous notebook's **Next:** link):
+    the message names the file and the fix, and the five files and two rows before it are gone."""
+    real, prev = scaffold.atomic_write, scaffold.entries(course)[-1]
+
+    def full_disk_at_the_link(path, data):
+        if Path(path) == course / prev.notebook:
+            raise OSError(28, "No space left on device")
+        real(path, data)
+    monkeypatch.setattr(scaffold, "atomic_write", full_disk_at_the_link)
+    before = _tree(course)
+    code, out, err = _main(scaffold.next_number(course), "Activation offloading", "--no-timings", root=course)
+    assert _refused(code, err) and prev.notebook in err and "the disk is full" in err, err
+    assert _tree(course) == before
