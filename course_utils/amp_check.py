@@ -11,6 +11,7 @@ on the CPU. It lives apart from the rules because it needs the model zoo, which 
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -55,17 +56,27 @@ def compare_with_real_kernels() -> dict:
     return out
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``python -m course_utils.amp_check [--json]``: one line per net and dtype (``--json``: every
+    op's dtypes, both ways); returns 1 if the emulation differs from the real kernels anywhere.
+    Its arguments are read before the traces (seconds of CPU each) start: a wrong one is refused first."""
+    ap = argparse.ArgumentParser(prog="python -m course_utils.amp_check", description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print every op's dtypes, both ways, as JSON")
+    args = ap.parse_args(argv)
+    report = compare_with_real_kernels()
+    if args.json:
+        print(json.dumps({"torch": torch.__version__, "nets": report}))
+        return 0
+    for key, traces in report.items():
+        same = traces["cuda"] == traces["cpu"]
+        print(f"{key}: {len(traces['cuda'])} ops, emulation {'agrees' if same else 'DIFFERS'}")
+    return 0 if all(t["cuda"] == t["cpu"] for t in report.values()) else 1
+
+
 guard(globals(), TechniqueError)
 
 
 if __name__ == "__main__":
     # in a process of its own: a fake CUDA tensor that reaches a CUDA device guard aborts the
     # process on a CPU build
-    report = compare_with_real_kernels()
-    if "--json" in sys.argv:
-        print(json.dumps({"torch": torch.__version__, "nets": report}))
-    else:
-        for key, traces in report.items():
-            same = traces["cuda"] == traces["cpu"]
-            print(f"{key}: {len(traces['cuda'])} ops, emulation {'agrees' if same else 'DIFFERS'}")
-        sys.exit(0 if all(t["cuda"] == t["cpu"] for t in report.values()) else 1)
+    sys.exit(main())

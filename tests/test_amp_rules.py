@@ -374,3 +374,24 @@ def test_loss_bytes_per_logit_inside_and_outside_autocast():
     assert "cross_entropy_loss" in amp_rules.registered("AutocastCPU")
     with pytest.raises(ValueError, match="use one of"):
         amp_rules.loss_bytes_per_logit("under")
+
+
+def test_amp_checks_command_refuses_a_wrong_argument_before_the_traces(monkeypatch, capsys):
+    """Issue 43: ``python -m course_utils.amp_check`` read ``--json`` out of sys.argv and ignored
+    anything else, so ``--jsn`` ran every trace and printed lines instead of the JSON asked for."""
+    from course_utils import amp_check
+
+    def traces():
+        raise AssertionError("the traces started before the arguments were read")
+    monkeypatch.setattr(amp_check, "compare_with_real_kernels", traces)
+    for argv in (["--jsn"], ["--json", "extra"], ["-x"]):
+        with pytest.raises(SystemExit) as e:
+            amp_check.main(argv)
+        assert e.value.code == 2 and "usage: python -m course_utils.amp_check" in capsys.readouterr().err
+    same = {"cuda": [["aten.conv3d", ["torch.float16"]]], "cpu": [["aten.conv3d", ["torch.float16"]]]}
+    monkeypatch.setattr(amp_check, "compare_with_real_kernels", lambda: {"net, float16": same})
+    assert amp_check.main([]) == 0 and capsys.readouterr().out == "net, float16: 1 ops, emulation agrees\n"
+    differs = {"net, float16": {**same, "cpu": [["aten.conv3d", ["torch.float32"]]]}}
+    monkeypatch.setattr(amp_check, "compare_with_real_kernels", lambda: differs)
+    assert amp_check.main([]) == 1 and "DIFFERS" in capsys.readouterr().out
+    assert amp_check.main(["--json"]) == 0 and '"nets": {"net, float16"' in capsys.readouterr().out
