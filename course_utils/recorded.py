@@ -168,8 +168,10 @@ def machine() -> dict[str, str]:
 
 
 def file_stem(gpu: str) -> str:
-    """A GPU's name as a file name: ``NVIDIA H100 80GB HBM3`` -> ``NVIDIA_H100_80GB_HBM3``."""
-    return gpu.replace(" ", "_").replace("/", "_")
+    """A GPU's name as a file name: ``NVIDIA H100 80GB HBM3`` -> ``NVIDIA_H100_80GB_HBM3`` (every
+    character but letters, digits, '.', '_' and '-' becomes '_', so that a name read from a file
+    never leads out of the folder)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", gpu).strip(".") or "unnamed"
 
 
 #: what a key may hold: it names a file (``/`` becomes ``__``)

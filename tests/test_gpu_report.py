@@ -536,3 +536,14 @@ def test_the_import_command_names_a_bad_file_and_exits_2(tmp_path, capsys, monke
     err = capsys.readouterr().err
     assert f"error: {tmp_path / record.RECORDED} should be a recording" in err and "Fix: restore" in err
     assert not (tmp_path / "repo").exists()
+
+
+def test_a_kit_json_whose_date_climbs_out_stays_in_docs_gpu_runs(tmp_path):
+    """A run's folder is named from its kit.json's date and GPU: a date of '../..' put the old
+    import's files outside docs/gpu-runs (found by tests/test_properties_files.py)."""
+    src, root = tmp_path / "files", tmp_path / "repo"
+    src.mkdir()
+    (src / record.STATE).write_text(json.dumps({"dry_run": True, "tasks": [],
+                                                "machine": {"gpu": "G/../../x", "date": "../../../escaped"}}))
+    dest = importer.import_run(src, root=root)
+    assert dest.parent == root / "docs" / "gpu-runs" and sorted(p.name for p in tmp_path.iterdir()) == ["files", "repo"]

@@ -327,7 +327,7 @@ def test_an_import_writes_everything_or_nothing(which, kind, data, state):
     with _folder() as d:
         src, root = d / "files", d / "repo"
         src.mkdir()
-        meta = {"gpu": "G", "torch": "t", "cuda": "c", "date": "2026-01-01"}
+        meta = {"gpu": "G", "torch": "t", "cuda": "c", "date": state["machine"]["date"]}  # any text: "../..", say
         (src / record.STATE).write_text(json.dumps({**state, "dry_run": False, "machine": {**state["machine"], **meta}}))
         recorded.write({"meta": meta, "figures": {"00/k": {"kind": "json", "data": 1}}}, src / record.RECORDED)
         old = root / "recorded" / "G.json"
@@ -347,7 +347,9 @@ def test_an_import_writes_everything_or_nothing(which, kind, data, state):
             _refused(err, target, src, root)
             assert _tree(root) == before
             return
-        assert dest.is_dir() and all(recorded.read_recording(p) for p in (root / "recorded").glob("*.json"))
+        assert dest.is_dir() and dest.parent == root / "docs" / "gpu-runs"
+        assert all(recorded.read_recording(p) for p in (root / "recorded").glob("*.json"))
+        assert sorted(p.name for p in d.iterdir()) == ["files", "repo"]  # nothing written outside the repository
 
 
 def _tree(root: Path) -> dict[str, bytes | None]:

@@ -28,6 +28,7 @@ def test_record_into_a_folder_leaves_the_environment_alone(tmp_path, monkeypatch
     assert [p.name for p in tmp_path.iterdir()] == ["gpu__ratio.json"]
     assert recorded.ENV_VAR not in os.environ
     assert recorded.file_stem("NVIDIA H100 80GB/HBM3") == "NVIDIA_H100_80GB_HBM3"
+    assert recorded.file_stem("../../x\x00y") == "_.._x_y" and recorded.file_stem("..") == "unnamed"  # stays in its folder
 
 
 def test_round_trip_table_text_and_json(tmp_path, monkeypatch, capsys):

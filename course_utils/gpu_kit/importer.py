@@ -147,7 +147,8 @@ def import_run(files_at: str | Path, root: Path = ROOT, name: str | None = None)
                        recorded.merge_recordings(old, new, record.merge_figures) if old else new)
         benches = _rendered(_merged_benchmarks(details, src / record.DETAILS, root / "benchmarks" / "results"))
     runs = root / "docs" / "gpu-runs"
-    base = name or f"{machine['date']}-{slug(machine['gpu'])}{'-dry-run' if state.get('dry_run') else ''}"
+    # slugs: a kit.json's date or GPU name never leads the run's folder out of docs/gpu-runs
+    base = name or f"{slug(machine['date'])}-{slug(machine['gpu'])}{'-dry-run' if state.get('dry_run') else ''}"
     dest, k = runs / base, 1
     while dest.exists():
         k += 1
