@@ -81,9 +81,10 @@ PRECISIONS = {"fp32": None, "autocast fp16": torch.float16}
 CHECKED_SIDES = (dn.SEED004_IMAGE[0], FULL_SIDE)
 #: the largest element count a 32-bit signed index reaches; a larger tensor needs 64-bit indexing
 INT32_MAX = 2**31 - 1
-#: what ``PixelModel.largest_side`` answers within: budgets up to the 64-bit address space, sides
-#: up to 2^31 pixels (past them a float's rounding hides a step of ``SIDE_STEP``)
-MAX_BUDGET_BYTES, MAX_SIDE = 2**64, 2**31
+#: what ``PixelModel.largest_side`` answers within: budgets up to 2^50 bytes (1 PiB, past any card),
+#: lines whose 32 x 32 image costs at least a byte -- there a float counts every step of
+#: ``SIDE_STEP`` (a larger budget or a thinner line: rounding hides the steps, the search cannot end)
+MAX_BUDGET_BYTES, MIN_PER_PIXEL = 2**50, 1 / SIDE_STEP**2
 
 
 def _whole(where: str, low: int = 0, **values: object) -> None:
@@ -138,16 +139,16 @@ class PixelModel:
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, numbers.Real) or \
                 not 0 <= budget_bytes <= MAX_BUDGET_BYTES:
             raise NetworkError(f"PixelModel.largest_side: budget_bytes={budget_bytes!r} is not a number of bytes "
-                               "from 0 to 2**64 (the 64-bit address space).",
+                               "from 0 to 2**50 (1 PiB, past any card).",
                                "pass the bytes a card holds, e.g. budget.usable_bytes(16).")
+        if not self.per_pixel >= MIN_PER_PIXEL:
+            raise NetworkError(f"PixelModel.largest_side: per_pixel={self.per_pixel!r}: a peak that (almost) does not "
+                               "grow with the image has no largest side.",
+                               "build the line from a prediction (from_prediction, pixel_model): per_pixel is "
+                               "the bytes of one input pixel, hundreds for DenseNet-169.")
         free = budget_bytes - self.peak(batch, 0, accumulate)
         if free <= 0:
             return 0
-        if not free / batch < self.per_pixel * MAX_SIDE ** 2:  # per_pixel 0 too
-            raise NetworkError(f"PixelModel.largest_side: {self.per_pixel!r} bytes per pixel put the largest side "
-                               f"past {MAX_SIDE:,} pixels.",
-                               "build the line from a prediction (from_prediction, pixel_model): per_pixel is "
-                               "the bytes of one input pixel, hundreds for DenseNet-169.")
         side = int((free / (batch * self.per_pixel)) ** 0.5) // SIDE_STEP * SIDE_STEP
         # the square root is rounded either way: step to the boundary from whichever side it lands
         while side and self.peak(batch, side, accumulate) > budget_bytes:
@@ -204,6 +205,7 @@ def from_prediction(prediction, batch: int, side: int, variant: str = "", precis
     """``PixelModel`` from any ``predict_step`` result of seed 004's step at ``(batch, 1, side,
     side)`` (e.g. section 1's 512 x 512, batch 8). A prediction without the optimizer's step
     gets Adam's two moments added (``budget.steady_state``)."""
+    _whole("from_prediction", SIDE_STEP, side=side)
     b = steady_state(prediction.breakdown)
     fixed = fixed_bytes(b)
     location = tuple(prediction.log.peak_location) if prediction.log is not None else ()
@@ -581,6 +583,7 @@ def hand_count(variant: str, precision: str = "fp32", side: int = FULL_SIDE, cfg
     (per element), ``B per pixel``; its sum is the count."""
     import pandas as pd
 
+    _whole("hand_count", SIDE_STEP, side=side)
     if variant not in VARIANTS or precision not in PRECISIONS:
         raise NetworkError(f"hand_count({variant!r}, {precision!r}): unknown variant or precision.",
                            f"choose from {list(VARIANTS)} and {list(PRECISIONS)}.")
@@ -636,6 +639,7 @@ def bn_values_per_channel(side: int = FULL_SIDE, batches: Sequence[int] = (1, dn
     forward pass on ``meta`` tensors with forward hooks: shapes, no data)."""
     import pandas as pd
 
+    _whole("bn_values_per_channel", SIDE_STEP, side=side)
     seen: list[tuple[str, tuple[int, ...]]] = []
     with torch.device("meta"), torch.no_grad():
         net = dn.densenet169()

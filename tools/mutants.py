@@ -491,6 +491,11 @@ MUTANTS += [
       "        return (card_bytes - self.context_mib * MiB - self.workspace_bytes) / (1 + self.slack)",
       "        return (card_bytes - self.context_mib * MiB) / (1 + self.slack)",
       "Overheads.usable forgets the cuBLAS workspaces fit adds as a line of the budget"),
+    M("budget-usable-no-context", CU + "budget.py",
+      "        return (card_bytes - self.context_mib * MiB - self.workspace_bytes) / (1 + self.slack)",
+      "        return (card_bytes - self.workspace_bytes) / (1 + self.slack)",
+      "Overheads.usable leaves the CUDA context out of what a card holds (estimate's correction loop, "
+      "which uses needed, hid it from the explorer's tests)"),
     M("loops-keep-grads-ignored", CU + "loops.py",
       "                             set_to_none=not self.keep_grads, accumulate=k,",
       "                             set_to_none=True, accumulate=k,",

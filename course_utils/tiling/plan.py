@@ -35,6 +35,10 @@ class Tile:
         return math.prod(s.stop - s.start for s in self.read)
 
 
+#: the most slabs ``plan_tiles`` builds at once (seed 003's thinnest plans: 16,384)
+MAX_TILES = 2**20
+
+
 def _whole(v: object, low: int) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= low
 
@@ -94,6 +98,9 @@ def plan_tiles(shape: Sequence[int], tiles: int | Sequence[int], halo: int | Seq
                                     for i in only):
         raise TilingError(f"only={list(only)[:4]!r}...: each index names one slab of the {counts} plan.",
                           f"indices ({', '.join(f'0..{k - 1}' for k in counts)}).")
+    if only is None and math.prod(counts) > MAX_TILES:
+        raise TilingError(f"tiles={tiles!r} makes {math.prod(counts):,} slabs, more than {MAX_TILES:,} to build "
+                          "at once.", "fewer slabs, or only= the indices you need (the predictor's way).")
     plan = []
     for index in (itertools.product(*(range(k) for k in counts)) if only is None else only):
         own = tuple(slice(*bounds[a](i)) for a, i in enumerate(index))
