@@ -427,3 +427,20 @@ def test_pipeline_layouts_compare_like_with_like_and_count_buckets():
     assert dp2["total (micro-batches of 1)"] == dp2["params + grads + Adam"] + 4 * params + one[0] + one[1]
     for r in (stage1, stage2):
         assert r["activations (micro-batches of 1)"] == r["activations (1F1B)"] and r["DDP buckets"] == 0
+
+
+def test_the_commands_options_are_refused_before_any_process_starts(monkeypatch, capsys):
+    """Issue 43: ``python -m course_utils.parallel --steps 0`` spawned two ranks that trained no
+    step and exited 0; ``--global-batch 3`` trained 2 samples a step on 2 ranks without a word;
+    ``--steps 10**9`` and a global batch of a billion started ranks that would never finish."""
+    from course_utils.parallel import cli
+
+    def no_ranks(*args, **kwargs):  # noqa: ARG001 - launch's signature
+        raise AssertionError("ranks were started before the options were checked")
+    monkeypatch.setattr(cli, "launch", no_ranks)
+    monkeypatch.delenv("RANK", raising=False)
+    for argv in (["--steps", "0"], ["--steps", "-2"], ["--steps", str(10**9)], ["--global-batch", "3"],
+                 ["--global-batch", "0"], ["--global-batch", str(10**9)]):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and err.startswith("error: --") and "Fix: pass" in err, err

@@ -3,6 +3,8 @@ device count, availability or device type injected (or the gloo path taking the 
 and CrossReplicaBatchNorm3d's numerics (fp16 input, large counts, large means)."""
 
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -95,12 +97,15 @@ def test_torchrun_on_two_nodes_uses_nccl_and_the_local_gpu(monkeypatch):
     assert calls == [("set_device", torch.device("cuda", 1)), ("init", "nccl", torch.device("cuda", 1))]
 
 
-def test_torchrun_with_fewer_gpus_than_local_ranks_says_how_to_fix_it(monkeypatch):
+def test_torchrun_with_fewer_gpus_than_local_ranks_says_how_to_fix_it(monkeypatch, capsys):
     calls = []
     _fake_gpus(monkeypatch, 2, calls)
     _torchrun_env(monkeypatch, 0, 4, 0, 4)
     with pytest.raises(RuntimeError, match="4 ranks but has 2 GPU.*--nproc-per-node=2.*--backend gloo"):
-        parallel.main(["--steps", "1"])
+        torchrun_backend({"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4"})
+    assert parallel.main(["--steps", "1"]) == 2  # the command: one line with the fix, no traceback
+    assert re.fullmatch(r"error: .*4 ranks but has 2 GPU.*Fix: .*--nproc-per-node=2.*--backend gloo.*\n",
+                        capsys.readouterr().err)
     assert calls == []  # no silent fall-back to gloo
     assert torchrun_backend({"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4"}, "gloo") == ("gloo", torch.device("cpu"))
 

@@ -108,7 +108,7 @@ def torchrun_backend(env: dict | None = None, backend: str = "auto") -> tuple[st
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus < local_world:
         raise RuntimeError(
-            f"this node runs {local_world} ranks but has {gpus} GPU(s): start torchrun with "
+            f"this node runs {local_world} ranks but has {gpus} GPU(s). Fix: start torchrun with "
             f"--nproc-per-node={max(gpus, 1)} (one process per GPU), or pass --backend gloo to "
             "train on the CPU")
     return "nccl", torch.device("cuda", local_rank)
@@ -144,23 +144,55 @@ def _say(line: str) -> None:
     sys.stdout.flush()
 
 
+#: the most steps and samples the command trains (a demo of a few steps on small volumes)
+_MAX_STEPS, _MAX_GLOBAL_BATCH = 1000, 1024
+#: ranks the command spawns when it is not run under torchrun
+_LOCAL_RANKS = 2
+
+
+def _check_options(steps: int, global_batch: int, world: int) -> None:
+    """``ParallelError`` naming the option and the fix unless ``steps`` and ``global_batch`` are
+    what ``world`` ranks can train: 1 to ``_MAX_STEPS`` steps, a global batch of 1 to
+    ``_MAX_GLOBAL_BATCH`` that splits evenly over the ranks."""
+    if not 1 <= steps <= _MAX_STEPS:
+        raise ParallelError(f"--steps {steps}: the command trains 1 to {_MAX_STEPS} steps.",
+                            "pass e.g. --steps 3")
+    if not 1 <= global_batch <= _MAX_GLOBAL_BATCH or global_batch % world:
+        raise ParallelError(f"--global-batch {global_batch}: each of the {world} ranks takes an equal share of "
+                            f"at most {_MAX_GLOBAL_BATCH} samples.",
+                            f"pass a multiple of {world} up to {_MAX_GLOBAL_BATCH}, e.g. --global-batch {2 * world}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for ``torchrun --nproc-per-node=N -m course_utils.parallel``."""
-    ap = argparse.ArgumentParser(description="DDP/FSDP training of the course U-Net")
+    """Entry point for ``torchrun --nproc-per-node=N -m course_utils.parallel``; without torchrun it
+    spawns ``_LOCAL_RANKS`` processes. Returns 0, or 2 with a one-line error (``error: ... Fix: ...``)
+    when an option cannot be run, before any process starts."""
+    ap = argparse.ArgumentParser(prog="python -m course_utils.parallel",
+                                 description="DDP/FSDP training of the course U-Net")
     ap.add_argument("--mode", choices=["ddp", "fsdp"], default="ddp")
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--global-batch", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=3, help=f"training steps, 1 to {_MAX_STEPS} (default 3)")
+    ap.add_argument("--global-batch", type=int, default=None,
+                    help=f"samples per step over all ranks, a multiple of the ranks up to {_MAX_GLOBAL_BATCH} "
+                         "(default: 2 per rank)")
     ap.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
                     help="auto: NCCL when CUDA is present (one GPU per process), else gloo")
     args = ap.parse_args(argv)
-    config = {"mode": args.mode, "steps": args.steps, "global_batch": args.global_batch}
-    if "RANK" not in os.environ:
-        print("not under torchrun: spawning 2 processes here instead")
-        for r in launch(train_worker, 2, config):
+    torchrun = "RANK" in os.environ
+    try:
+        world = int(os.environ["WORLD_SIZE"]) if torchrun else _LOCAL_RANKS
+        batch = 2 * world if args.global_batch is None else args.global_batch
+        config = {"mode": args.mode, "steps": args.steps, "global_batch": batch}
+        _check_options(args.steps, batch, world)
+        backend, device = torchrun_backend(os.environ, args.backend) if torchrun else ("gloo", None)
+    except (ParallelError, RuntimeError) as err:  # RuntimeError: fewer GPUs than NCCL ranks
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if not torchrun:
+        print(f"not under torchrun: spawning {_LOCAL_RANKS} processes here instead")
+        for r in launch(train_worker, _LOCAL_RANKS, config):
             print(f"rank {r['rank']}: losses {[round(v, 4) for v in r['losses']]}")
         return 0
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    backend, device = torchrun_backend(os.environ, args.backend)
+    rank = int(os.environ["RANK"])
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before init_process_group, as documented
     else:
