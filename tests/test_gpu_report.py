@@ -547,3 +547,20 @@ def test_a_kit_json_whose_date_climbs_out_stays_in_docs_gpu_runs(tmp_path):
                                                 "machine": {"gpu": "G/../../x", "date": "../../../escaped"}}))
     dest = importer.import_run(src, root=root)
     assert dest.parent == root / "docs" / "gpu-runs" and sorted(p.name for p in tmp_path.iterdir()) == ["files", "repo"]
+
+
+def test_the_kits_log_on_a_full_disk_says_so_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    log = record.Log(tmp_path / record.LOG)
+    log("first")
+    real_open = open
+
+    def full(path, *args, **kwargs):
+        if str(path) == str(tmp_path / record.LOG):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, *args, **kwargs)
+    monkeypatch.setattr("builtins.open", full)
+    log("second")
+    log("third")
+    out = capsys.readouterr().out
+    assert "second" in out and "third" in out and f"Could not write {tmp_path / record.LOG}: the disk is full" in out
+    assert out.count("Fix: free space") == 1 and "first" in (tmp_path / record.LOG).read_text()

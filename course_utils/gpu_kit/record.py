@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..checks import RecordError, guard
-from ..files import atomic_write, read_json, skipped
+from ..files import atomic_write, read_json, skipped, write_error
 from .budget import COMPLETE
 
 MiB = 2**20
@@ -105,8 +105,13 @@ class Log:
         if self.size + len(data) > self.limit - 200:
             data = data[: max(0, self.limit - 200 - self.size)] + b"\n[kit.log cut here: its size limit]\n"
             self.full = True
-        with open(self.path, "ab") as f:
-            f.write(data)
+        try:
+            with open(self.path, "ab") as f:
+                f.write(data)
+        except OSError as err:  # a full disk: the kit goes on, saying so where it echoes
+            self.full = True
+            self.stream.write(f"[gpu kit] {write_error(self.path, err)} The log stops here; the run goes on.\n")
+            return
         self.size += len(data)
 
     def __call__(self, msg: str) -> None:
