@@ -94,34 +94,32 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .amp_rules import autocast_rules
 from .budget import cublas_workspaces, ddp_bucket_bytes, fixed_bytes, overheads
 from .checks import FitError, guard
-from .cost import ElementwiseBytes, SaveOnCpuMeter, card
+from .cost import CARDS, ElementwiseBytes, SaveOnCpuMeter, card
 from .fit_model import (
+    LOSSES,
+    TECHNIQUES,
     activation_modules,
     blocks,
     build_model,
+    check_trainable,
     explain_failure,
+    loss_function,
+    parse_capability,
     parse_shape,
+    parse_techniques,
     resolve_builder,
-    resolve_function,
     variant,
 )
 from .fit_report import BASELINE, FitReport, Row, by_module, peak_where
 from .loops import Loop, LoopError, select_output
-from .memory import predict_step
+from .memory import SavedTensorModifiedError, predict_step
 from .parallel.fsdp import fsdp_rank_memory
 
 __all__ = ["BASELINE", "LOSSES", "TECHNIQUES", "FitError", "FitReport", "Row", "StepCost", "StepSpec", "fit",
            "largest_batch", "main", "step_cost"]
 
-#: the losses the CLI knows, by name; ``loss=`` also takes MODULE:FUNCTION or a callable(output, target)
-LOSSES: dict[str, Callable[..., torch.Tensor]] = {
-    "cross_entropy": F.cross_entropy,
-    "mse": F.mse_loss,
-    "bce": F.binary_cross_entropy_with_logits,
-}
-RANKS = (2, 4, 8)
-TECHNIQUES = ("autocast-fp16", "autocast-bf16", "inplace", "checkpoint-blocks", "selective", "offload",
-              *(f"ddp-{n}" for n in RANKS), *(f"fsdp-{n}" for n in RANKS))
+#: the largest card ``fit`` takes (1 PiB): beyond it the batch that fills it overflows torch's sizes
+MAX_CARD_GIB = 2**20
 _AUTOCAST = {"autocast-fp16": torch.float16, "autocast-bf16": torch.bfloat16}
 _PRECISION = {"autocast-fp16": "autocast_fp16", "autocast-bf16": "autocast_bf16"}  # cost.Card.flops keys
 _KEPT_FOR_BACKWARD = ("checkpoint-blocks", "selective", "offload")  # change what backward finds saved
@@ -137,18 +135,6 @@ def _gpus(tech: str) -> int:
 # --------------------------------------------------------------------------------------------
 # The loss, the loop
 # --------------------------------------------------------------------------------------------
-def _loss_fn(loss: str | Callable) -> tuple[str, Callable]:
-    if callable(loss):
-        return getattr(loss, "__name__", "custom"), loss
-    if isinstance(loss, str) and ":" in loss:
-        return loss, resolve_function(loss, "LOSS", "mypkg.losses:dice_loss", "takes (output, target)")
-    if loss not in LOSSES:
-        raise FitError(f"unknown loss {loss!r}: known are {', '.join(LOSSES)}. Fix: pick one of them, give "
-                       "MODULE:FUNCTION of your own loss(output, target), or from Python pass a callable, "
-                       "fit.fit(..., loss=my_loss, target_shape=..., n_classes=...).")
-    return loss, LOSSES[loss]
-
-
 #: a ``LoopError``'s Python option names, as the command line spells them in a ``FitError``
 _CLI_NAMES = (("mode '", "--mode '"), ("optimizer_in_backward", "--optimizer-in-backward"),
               ("keep_grads", "--keep-grads"), ("output=", "--output "))
@@ -232,7 +218,7 @@ def _probe(build: Callable[[], nn.Module], input_shape: tuple[int, ...], loss: s
     shape decides the target; any failure becomes a FitError that names the fix."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    loss_name, loss_fn = _loss_fn(loss)
+    loss_name, loss_fn = loss_function(loss)
     custom = loss_fn not in LOSSES.values()
     if target_shape is not None:
         target_shape = parse_shape(target_shape, "target shape", 1)
@@ -246,13 +232,13 @@ def _probe(build: Callable[[], nn.Module], input_shape: tuple[int, ...], loss: s
                 "blocks": [(n, sum(p.numel() for p in b.parameters())) for n, b in blocks(model)],
                 "activations": [type(m).__name__ for m in activation_modules(model)],
                 "activations_off": [type(m).__name__ for m in activation_modules(model) if not m.inplace]}
+        check_trainable(model, loop)
         x = torch.randn(input_shape)
         try:
             with torch.no_grad(), _OpNames() as ops:
                 out = model(x)
         except Exception as e:
             raise explain_failure(e, "the model's forward", input_shape) from e
-        _check_trainable(model, loop)
         cublas = bool(ops.names & _CUBLAS_OPS)
         if loop.mode == "inference":  # no loss, no target: the output is all there is
             sel = _selected(out, loop)
@@ -264,19 +250,6 @@ def _probe(build: Callable[[], nn.Module], input_shape: tuple[int, ...], loss: s
         y = torch.randint(0, n_classes, tgt) if n_classes else torch.randn(tgt)
         _check_loss(loss_name, loss_fn, sel, out_shape, y, tgt)
     return StepSpec(input_shape[1:], tgt[1:], n_classes, loss_name, loss_fn, out_shape, loop, cublas), info
-
-
-def _check_trainable(model: nn.Module, loop: Loop) -> None:
-    """A step that trains needs parameters that learn; an optimizer needs parameters at all."""
-    params = list(model.parameters())
-    if not params and loop.mode != "inference" and loop.optimizer_name != "none":
-        raise FitError(f"the model has no parameters, so the optimizer ({loop.optimizer_name}) has nothing to "
-                       "hold. Fix: check that the builder returns the model with its layers, or --optimizer none, "
-                       "or --mode inference.")
-    if loop.mode == "train" and not any(p.requires_grad for p in params):
-        raise FitError("no parameter of the model requires grad (none, or all frozen): a training step has nothing "
-                       "to learn and its backward fails. Fix: --mode forward or --mode inference, or unfreeze what "
-                       "you train (p.requires_grad_(True)).")
 
 
 def _target(loss_name: str, loss_fn: Callable, out_shape: tuple[int, ...], target_shape: tuple[int, ...] | None,
@@ -375,13 +348,32 @@ def step_cost(build: Callable[[], nn.Module], spec: StepSpec, batch: int,
 # --------------------------------------------------------------------------------------------
 # The predictions, each made once; the largest batch
 # --------------------------------------------------------------------------------------------
+class _BatchFailed(Exception):
+    """The step runs at the asked batch but fails at another (a forward that fixes the batch
+    size, e.g. ``x.reshape(8, -1)``): the largest-batch search stops there, a DDP / FSDP row
+    (batch / N per GPU) is refused with the reason."""
+
+    def __init__(self, batch: int, error: BaseException):
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        self.batch, self.text = batch, f"{type(error).__name__}: {first[:160]}"
+        super().__init__(f"the step fails at batch {batch} ({self.text})")
+
+
+#: what a _BatchFailed's reason suggests
+_FIXED_BATCH = ("does the forward fix the batch size (e.g. x.reshape(8, -1))? Fix: take it from the input "
+                "(x.reshape(x.shape[0], -1), x.flatten(1))")
+
+
 class _Fitter:
     """One report's predictions and counts, each made once (cached per technique and batch)."""
 
     def __init__(self, build: Callable[[], nn.Module], spec: StepSpec, card_gib: float, time_card: Any,
-                 bar: Any = None, capability: tuple[int, int] | None = None):
-        self.build, self.spec, self.card_gib = build, spec, card_gib
-        self.gpu = card(time_card)
+                 bar: Any = None, capability: tuple[int, int] | None = None, batch: int = 0):
+        self.build, self.spec, self.card_gib, self.batch = build, spec, card_gib, batch
+        try:
+            self.gpu = card(time_card)
+        except ValueError as e:  # an unknown name: cost.card names the choices
+            raise FitError(str(e).split(" Fix: ")[0], f"--time-card one of {', '.join(CARDS)}.") from None
         over = overheads()
         self.workspace = ""
         if spec.cublas:
@@ -389,7 +381,9 @@ class _Fitter:
                                                    1 if spec.loop.mode != "train" else 2)
             over = replace(over, workspace_bytes=ws)
         self.over = over
-        self.usable = int(over.usable(card_gib * 2**30))
+        # a card that does not hold the context and the workspaces holds no step: usable 0, nothing fits
+        outside = over.context_mib * 2**20 + over.workspace_bytes
+        self.usable = int(over.usable(card_gib * 2**30)) if card_gib * 2**30 > outside else 0
         self.bar = bar
         self._preds: dict[tuple[str, int], Any] = {}
         self._costs: dict[tuple[str, int], StepCost] = {}
@@ -404,9 +398,16 @@ class _Fitter:
             s = self.spec
             if self.bar is not None:
                 self.bar.set_postfix_str(f"{key}, batch {batch}")
-            self._preds[key, batch] = predict_step(
-                variant(self.build, key), s.input_shape(batch), s.target_shape(batch), loss_fn=s.loss_fn,
-                n_classes=s.n_classes, autocast_dtype=_AUTOCAST.get(key), module_peaks=False, loop=s.loop)
+            try:
+                self._preds[key, batch] = predict_step(
+                    variant(self.build, key), s.input_shape(batch), s.target_shape(batch), loss_fn=s.loss_fn,
+                    n_classes=s.n_classes, autocast_dtype=_AUTOCAST.get(key), module_peaks=False, loop=s.loop)
+            except FitError:
+                raise
+            except Exception as e:
+                if batch == self.batch:
+                    raise
+                raise _BatchFailed(batch, e) from e
         return self._preds[key, batch]
 
     def cost(self, key: str, batch: int) -> StepCost:
@@ -422,13 +423,14 @@ class _Fitter:
                 + 2 * moved / g.pcie_bytes_per_s)
 
     def largest(self, peak: Callable[[int], int], fixed: int, per_sample: float, start: tuple[int, int],
-                checks: int, boundary: bool = True) -> tuple[int, bool]:
+                checks: int, boundary: bool = True) -> tuple[int, bool, str]:
         """The largest batch with peak(b) <= usable: the affine guess (``fixed + b x per_sample``),
         then at most ``checks`` predictions, each at the secant's batch through the nearest two
         known points, kept between the largest batch known to fit and the smallest known not to.
-        Returns (batch, verified): with ``boundary``, verified when the batch is predicted to fit
-        and batch + 1 not to; without, the first predicted batch that fits, verified (a lower
-        bound within the line's error). The plain step takes 3 with ``boundary``: the guess (the
+        Returns (batch, verified, why): with ``boundary``, verified when the batch is predicted to
+        fit and batch + 1 not to; without, the first predicted batch that fits, verified (a lower
+        bound within the line's error); ``why`` says where the step failed at another batch (the
+        search stops there, unverified). The plain step takes 3 with ``boundary``: the guess (the
         line's second point), the secant's batch, and its neighbour; a technique's row 2 without:
         the guess and, where the line overshot, the secant's batch."""
         budget = self.usable
@@ -443,18 +445,21 @@ class _Fitter:
                 break
             guess = min(max(guess, lo + 1), hi - 1) if hi is not None else max(guess, lo + 1)
             if guess not in points:
-                points[guess] = peak(guess)
+                try:
+                    points[guess] = peak(guess)
+                except _BatchFailed as e:
+                    return lo, False, f"{e}; {_FIXED_BATCH}"
             if points[guess] <= budget:
                 lo = max(lo, guess)
                 if not boundary:
-                    return lo, True
+                    return lo, True, ""
             else:
                 hi = guess if hi is None else min(hi, guess)
             guess = _secant(points, guess, budget, per_sample)
             if guess == lo:
                 guess = lo + 1
         verified = boundary and hi is not None and hi == lo + 1
-        return lo, verified
+        return lo, verified, ""
 
 
 def _secant(points: dict[int, int], at: int, budget: int, per_sample: float) -> int:
@@ -502,18 +507,19 @@ def fit(build: Callable[[], nn.Module] | str, input_shape: Sequence[int] | str =
     name = build if isinstance(build, str) else getattr(build, "__name__", type(build).__name__)
     build = resolve_builder(build)
     input_shape = parse_shape(input_shape)
-    if not isinstance(card_gib, (int, float)) or isinstance(card_gib, bool) or not 0 < card_gib < math.inf:
-        raise FitError(f"card size {card_gib!r} GiB: must be a number > 0. Fix: e.g. --card 8 for an 8 GB card.")
+    if card_gib > MAX_CARD_GIB:  # (a finite number > 0: the guard) a batch to match would overflow torch's sizes
+        raise FitError(f"a card of {card_gib:g} GiB: no GPU holds more than {MAX_CARD_GIB:,} GiB.",
+                       "--card in GiB, e.g. --card 80 for an 80 GB H100.")
     loop = make_loop(optimizer=optimizer, momentum=momentum, foreach=foreach, fused=fused, keep_grads=keep_grads,
                      accumulate=accumulate, optimizer_in_backward=optimizer_in_backward, mode=mode, output=output)
-    techniques = _techniques(techniques)
-    capability = _capability(compute_capability)
+    techniques = parse_techniques(techniques)
+    capability = parse_capability(compute_capability)
     spec, info = _probe(build, input_shape, loss, target_shape, n_classes, loop)
     from tqdm.auto import tqdm  # lazy: tqdm picks its notebook or terminal form when a fit runs
 
     with tqdm(total=1 + len(techniques), desc=f"fit {name}", unit="row", disable=not progress,
               file=sys.stderr, leave=False) as bar:
-        f = _Fitter(build, spec, card_gib, time_card, bar, capability)
+        f = _Fitter(build, spec, card_gib, time_card, bar, capability, input_shape[0])
         rows, skipped = _rows(f, spec, info, input_shape[0], techniques, bar)
     g = f.gpu
     assumption = (f"time estimated for a {g.name}: counted FLOPs at {g.fp32_flops / 1e12:.1f} TFLOP/s fp32, "
@@ -539,11 +545,13 @@ def _rows(f: _Fitter, spec: StepSpec, info: dict[str, Any], batch: int, techniqu
     skipped: dict[str, str] = {}
     timed = bool(techniques)
 
-    def row(tech: str, p: Any, peak: int, breakdown: dict[str, int], largest: tuple[int, bool], seconds: float,
-            note: str = "") -> None:
+    def row(tech: str, p: Any, peak: int, breakdown: dict[str, int], largest: tuple[int, bool, str],
+            seconds: float, note: str = "") -> None:
         needs = int(f.over.needed(peak))
-        lb, ok = largest
-        if not ok:
+        lb, ok, why = largest
+        if why:
+            note += ("; " if note else "") + f"largest batch: {lb} predicted to fit, not searched further: {why}"
+        elif not ok:
             note += ("; " if note else "") + (f"largest batch: {lb} predicted to fit, {lb + 1} not checked"
                                               if lb and tech == BASELINE else "largest batch: affine estimate, unverified")
         after = sum(v for k, v in (p.after_forward or {}).items() if k != "Total") if p is not None else 0
@@ -552,8 +560,8 @@ def _rows(f: _Fitter, spec: StepSpec, info: dict[str, Any], batch: int, techniqu
                         _gpus(tech), after, where))
 
     fixed, per = _fixed_and_per_sample(base, batch)
-    row(BASELINE, base, base.peak, base.breakdown,
-        f.largest(lambda b: f.predict("baseline", b).peak, fixed, per, (batch, base.peak), 3),
+    base_largest = f.largest(lambda b: f.predict("baseline", b).peak, fixed, per, (batch, base.peak), 3)
+    row(BASELINE, base, base.peak, base.breakdown, base_largest,
         f.seconds("baseline", batch) if timed else math.nan, "peak in {} ({})".format(*peak_where(base)))
     bar.update()
     for tech in techniques:
@@ -564,10 +572,16 @@ def _rows(f: _Fitter, spec: StepSpec, info: dict[str, Any], batch: int, techniqu
             elif tech.startswith(("ddp-", "fsdp-")):
                 _parallel_row(f, tech, info, batch, row)
             else:
-                _one_gpu_row(f, tech, info, batch, base, row, (rows[0].largest_batch, rows[0].verified))
+                _one_gpu_row(f, tech, info, batch, base, row, base_largest)
         except FitError:
             raise
-        except Exception as e:  # a technique this model does not support (e.g. in-place breaks autograd)
+        except _BatchFailed as e:  # ddp-N / fsdp-N: batch / N per GPU
+            skipped[tech] = f"each GPU runs batch {e.batch}, where the step fails ({e.text}): {_FIXED_BATCH}"
+        except SavedTensorModifiedError as e:
+            skipped[tech] = (f"its backward fails (as it would in PyTorch): an in-place op overwrites a tensor saved "
+                             f"for backward ({e.saved}). Fix: leave {tech} out, or switch in-place on by hand only "
+                             "where the next op does not need what it overwrites")
+        except Exception as e:  # a technique this model does not support
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             skipped[tech] = f"failed on this model: {type(e).__name__}: {first[:200]}"
         bar.update()
@@ -575,7 +589,7 @@ def _rows(f: _Fitter, spec: StepSpec, info: dict[str, Any], batch: int, techniqu
 
 
 def _one_gpu_row(f: _Fitter, tech: str, info: dict[str, Any], batch: int, base: Any, row: Callable,
-                 base_largest: tuple[int, bool]) -> None:
+                 base_largest: tuple[int, bool, str]) -> None:
     p = f.predict(tech, batch)
     fx, ps = _fixed_and_per_sample(p, batch)
     if p.breakdown == base.breakdown:  # the same step (e.g. in-place where nothing it overwrites was kept)
@@ -591,34 +605,6 @@ def _one_gpu_row(f: _Fitter, tech: str, info: dict[str, Any], batch: int, base: 
             "selective": f"{len(info['blocks'])} blocks; conv/matmul outputs kept"}.get(tech, "")
     key = "baseline" if tech in ("inplace", "offload") else tech
     row(tech, p, p.peak, p.breakdown, lb, f.seconds(key, batch, moved), note)
-
-
-def _capability(cc: tuple[int, int] | str | None) -> tuple[int, int] | None:
-    """``(9, 0)``, ``"9.0"`` or None -> a (major, minor) pair; anything else a FitError."""
-    if cc is None:
-        return None
-    try:
-        major, minor = (int(v) for v in (cc.split(".") if isinstance(cc, str) else cc))
-        if isinstance(cc, (tuple, list)) and any(isinstance(v, bool) for v in cc):
-            raise ValueError
-    except (TypeError, ValueError):
-        raise FitError(f"compute capability {cc!r}: MAJOR.MINOR, e.g. 9.0 for an H100 or H200, 8.0 for an A100, "
-                       "8.6 for an RTX 30xx. Fix: --compute-capability 9.0 (torch.cuda.get_device_capability() "
-                       "on the card).") from None
-    if not 3 <= major <= 20 or not 0 <= minor <= 9:
-        raise FitError(f"compute capability {major}.{minor} is no CUDA card's. Fix: e.g. --compute-capability 9.0.")
-    return major, minor
-
-
-def _techniques(techniques: Sequence[str] | str | None) -> list[str]:
-    if techniques is None:
-        return list(TECHNIQUES)
-    if isinstance(techniques, str):
-        techniques = [t.strip() for t in techniques.split(",") if t.strip()]
-    unknown = [t for t in techniques if t not in TECHNIQUES]
-    if unknown:
-        raise FitError(f"unknown technique(s) {', '.join(map(str, unknown))}. Fix: pick from {', '.join(TECHNIQUES)}.")
-    return list(dict.fromkeys(techniques))
 
 
 def _why_not_applicable(tech: str, info: dict[str, Any], batch: int, loop: Loop = Loop()) -> str:
@@ -664,8 +650,8 @@ def _parallel_row(f: _Fitter, tech: str, info: dict[str, Any], batch: int, row: 
         def peak(bb: int) -> int:
             return f.predict("baseline", bb).peak + buckets
 
-        lb, ok = f.largest(peak, fx + buckets, ps, (local, p.peak + buckets), 2, boundary=False)
-        row(tech, p, p.peak + buckets, b, (lb * n, ok), seconds,
+        lb, ok, why = f.largest(peak, fx + buckets, ps, (local, p.peak + buckets), 2, boundary=False)
+        row(tech, p, p.peak + buckets, b, (lb * n, ok, why), seconds,
             f"time: no communication; {local}/GPU on {n} GPUs; + {buckets / 2**20:,.1f} MiB DDP buckets")
         return
 
@@ -691,8 +677,8 @@ def _parallel_row(f: _Fitter, tech: str, info: dict[str, Any], batch: int, row: 
         q = f.predict("baseline", bb).breakdown
         return state + q["Activation"] + q["Temp"] + q["Other"]
 
-    lb, ok = f.largest(peak, state, ps, (local, state + sum(rest_of.values())), 2, boundary=False)
-    row(tech, p, state + sum(rest_of.values()), {**work, **rest_of}, (lb * n, ok), seconds,
+    lb, ok, why = f.largest(peak, state, ps, (local, state + sum(rest_of.values())), 2, boundary=False)
+    row(tech, p, state + sum(rest_of.values()), {**work, **rest_of}, (lb * n, ok, why), seconds,
         f"peak: upper bound; time: no communication; {local}/GPU on {n} GPUs, {n_units} units; resting "
         f"{resting / 2**20:,.0f} MiB/GPU, working state {state / 2**20:,.0f} MiB + the activations of batch "
         f"{local}, added as if at one moment")
@@ -763,6 +749,11 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+#: fit's arguments that the guard checks, and the command line's options that give them
+_GUARDED_OPTIONS = (("card_gib", "card"), ("n_classes", "classes"), ("accumulate", "accumulate"),
+                    ("momentum", "momentum"), ("output", "output"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m course_utils.fit MODULE:BUILDER --input 8,1,512,512 --card 8``: prints the
     summary (``--json``: the report as data) and returns ``EXIT_FITS`` or ``EXIT_DOES_NOT_FIT``;
@@ -779,14 +770,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                   keep_grads=args.keep_grads, accumulate=args.accumulate,
                   optimizer_in_backward=args.optimizer_in_backward, mode=args.mode, output=args.output,
                   progress=not args.no_progress and not args.json)
-    except ValueError as e:  # a FitError, or e.g. an unknown --time-card (cost.card names the choices)
-        print(f"error: {e}", file=sys.stderr)
+    except ValueError as e:  # a FitError (the guard's names Python's arguments: the options' instead)
+        text = str(e)
+        for python, cli in _GUARDED_OPTIONS:
+            text = text.replace(f"fit.fit: {python}=", f"--{cli} ").replace(f"pass {python} as", f"give --{cli} as")
+        print(f"error: {text}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(json.dumps(rep.to_dict(), indent=1, allow_nan=False) if args.json else rep.summary())
     return EXIT_FITS if rep.fits else EXIT_DOES_NOT_FIT
 
 
-guard(globals(), FitError)
+guard(globals(), FitError, signed=("output",))  # output: an index may count from the end (-1)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
 """The learner's network as ``fit`` sees it: named, checked, built on fake tensors, changed by a technique.
 
-* ``resolve_builder`` / ``resolve_function`` / ``parse_shape`` -- the CLI's and ``fit``'s inputs
-  checked (``MODULE:BUILDER``, ``MODULE:LOSS``, ``8,1,512,512``); ``FitError`` names the fix for
-  anything ``fit`` cannot predict.
-* ``build_model`` -- ``build()`` inside the active ``FakeTensorMode``, checked (an ``nn.Module``, its
-  tensors of the active mode); ``explain_failure`` says why a model cannot run on fake tensors
-  (it reads tensor values, or needs a real CUDA device) and what to do.
+* ``resolve_builder`` / ``resolve_function`` / ``parse_shape`` / ``loss_function`` /
+  ``parse_techniques`` / ``parse_capability`` -- the CLI's and ``fit``'s inputs checked
+  (``MODULE:BUILDER``, ``MODULE:LOSS``, ``8,1,512,512``, ``ddp-2,inplace``, ``9.0``); ``FitError``
+  names the fix for anything ``fit`` cannot predict.
+* ``build_model`` -- ``build()`` inside the active ``FakeTensorMode``, checked (an ``nn.Module`` with
+  a forward, its tensors of the active mode; a model built on the meta device gets fake tensors of
+  its shapes); ``check_trainable`` -- parameters for the loop to train; ``explain_failure`` says why
+  a model cannot run on fake tensors (it reads tensor values, needs a real CUDA device, or its
+  backward fails on an in-place op) and what to do.
 * ``blocks`` -- the model's blocks (checkpointing's and FSDP's units), found from its structure.
 * ``variant`` -- a builder of the model with a technique applied: ``inplace`` activations,
   ``checkpoint-blocks``, ``selective`` (``save_matmuls``), ``offload``.
@@ -15,15 +18,19 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import warnings
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
-from .checks import FitError, guard
+from .checks import FitError, MeasureError, guard
+from torch.nn import functional as F
+
 from .checkpointing import checkpointed, offload_saved, save_convolutions
-from .memory import adopt_fake_tensors
+from .loops import Loop
+from .memory import SavedTensorModifiedError, adopt_fake_tensors, build_fake
 
 _DATA_FIX = ("Fix: remove data-dependent branches from forward (no .item(), .tolist(), .numpy(), no Python "
              "`if` on a tensor's value, no nonzero/boolean-mask indexing: use torch.where and fixed shapes), "
@@ -31,6 +38,19 @@ _DATA_FIX = ("Fix: remove data-dependent branches from forward (no .item(), .tol
 _CUDA_FIX = ("Fix: make tensors on the input's device (device=x.device, or register them as buffers) instead "
              "of 'cuda', and call no torch.cuda API in __init__ or forward; or measure the step on a GPU with "
              "course_utils.memory.measure_step.")
+_INPLACE_FIX = ("Fix: make the op that overwrites it out of place (inplace=False on the activation after it: e.g. an "
+                "nn.ELU(inplace=True) after a ReLU overwrites the output ReLU's backward needs), or y = x + 1 "
+                "for x += 1; PyTorch refuses this backward on a GPU too.")
+
+#: the losses the CLI knows, by name; ``loss=`` also takes MODULE:FUNCTION or a callable(output, target)
+LOSSES: dict[str, Callable[..., torch.Tensor]] = {
+    "cross_entropy": F.cross_entropy,
+    "mse": F.mse_loss,
+    "bce": F.binary_cross_entropy_with_logits,
+}
+RANKS = (2, 4, 8)
+TECHNIQUES = ("autocast-fp16", "autocast-bf16", "inplace", "checkpoint-blocks", "selective", "offload",
+              *(f"ddp-{n}" for n in RANKS), *(f"fsdp-{n}" for n in RANKS))
 
 
 def resolve_builder(spec: str | Callable[[], nn.Module]) -> Callable[[], nn.Module]:
@@ -84,11 +104,58 @@ def parse_shape(shape: str | Sequence[int], name: str = "input shape", min_dims:
     return dims
 
 
+def loss_function(loss: str | Callable) -> tuple[str, Callable]:
+    """``loss`` (a name of ``LOSSES``, ``MODULE:FUNCTION`` or a callable) -> (its name, the function)."""
+    if callable(loss):
+        return getattr(loss, "__name__", "custom"), loss
+    if ":" in loss:
+        return loss, resolve_function(loss, "LOSS", "mypkg.losses:dice_loss", "takes (output, target)")
+    if loss not in LOSSES:
+        raise FitError(f"unknown loss {loss!r}: known are {', '.join(LOSSES)}. Fix: pick one of them, give "
+                       "MODULE:FUNCTION of your own loss(output, target), or from Python pass a callable, "
+                       "fit.fit(..., loss=my_loss, target_shape=..., n_classes=...).")
+    return loss, LOSSES[loss]
+
+
+def parse_techniques(techniques: Sequence[str] | str | None) -> list[str]:
+    """``None`` (every technique), ``"ddp-2,inplace"`` or a list -> the techniques, each once."""
+    if techniques is None:
+        return list(TECHNIQUES)
+    if isinstance(techniques, str):
+        techniques = [t.strip() for t in techniques.split(",") if t.strip()]
+    unknown = [t for t in techniques if t not in TECHNIQUES]
+    if unknown:
+        raise FitError(f"unknown technique(s) {', '.join(map(repr, unknown))}. Fix: pick from {', '.join(TECHNIQUES)}.")
+    return list(dict.fromkeys(techniques))
+
+
+def parse_capability(cc: tuple[int, int] | str | None) -> tuple[int, int] | None:
+    """``(9, 0)``, ``"9.0"`` or None -> a (major, minor) pair; anything else a FitError."""
+    if cc is None:
+        return None
+    try:
+        major, minor = (int(v) for v in (cc.split(".") if isinstance(cc, str) else cc))
+        if isinstance(cc, (tuple, list)) and any(isinstance(v, bool) for v in cc):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise FitError(f"compute capability {cc!r}: MAJOR.MINOR, e.g. 9.0 for an H100 or H200, 8.0 for an A100, "
+                       "8.6 for an RTX 30xx. Fix: --compute-capability 9.0 (torch.cuda.get_device_capability() "
+                       "on the card).") from None
+    if not 3 <= major <= 20 or not 0 <= minor <= 9:
+        raise FitError(f"compute capability {major}.{minor} is no CUDA card's. Fix: e.g. --compute-capability 9.0.")
+    return major, minor
+
+
 def explain_failure(exc: BaseException, what: str, input_shape: tuple[int, ...]) -> FitError:
-    """A FitError that says why the model could not run on fake tensors, and what to do."""
+    """A FitError that says why the model could not run on fake tensors, and what to do
+    (``input_shape`` () while the model is built)."""
     from torch._subclasses import fake_tensor as ft
 
     text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    if isinstance(exc, SavedTensorModifiedError) or "modified by an inplace operation" in str(exc):
+        saved = getattr(exc, "saved", "")
+        return FitError(f"{what}'s backward fails: an in-place operation overwrote a tensor saved for backward"
+                        f"{f' ({saved})' if saved else ''} before backward read it. {_INPLACE_FIX}")
     data = (ft.DataDependentOutputException, ft.DynamicOutputShapeException)
     if isinstance(exc, data) or "data-dependent" in str(exc) or ".numpy()" in str(exc) \
             or "data_dependent" in type(exc).__name__.lower():
@@ -96,9 +163,28 @@ def explain_failure(exc: BaseException, what: str, input_shape: tuple[int, ...])
     if isinstance(exc, getattr(ft, "FakeTensorDeviceMismatchError", ())) or "cuda" in str(exc).lower():
         return FitError(f"{what} needs a real CUDA device ({text}); the prediction runs on fake CPU tensors "
                         f"with CUDA's rules. {_CUDA_FIX}")
+    if not input_shape:  # while building: no input yet
+        return FitError(f"{what} failed on fake tensors ({text}). Fix: check that the builder runs with no "
+                        "arguments and returns the model (call it once yourself: build()).")
     return FitError(f"{what} failed on fake tensors of input shape {input_shape} ({text}). Fix: check that the "
                     "input shape is what the model expects (batch first, then channels and sizes), or measure "
                     "the step on a GPU with course_utils.memory.measure_step.")
+
+
+def _returned(obj: Any) -> tuple[str, str]:
+    """What a builder returned that is not a model, in words, and the fix."""
+    if obj is None:
+        return "None", "end the builder with `return model`"
+    if inspect.isclass(obj):
+        return (f"the class {obj.__name__} (not an instance of it)", f"return an instance, `return {obj.__name__}(...)` "
+                f"(or pass fit `lambda: {obj.__name__}(...)`)")
+    if isinstance(obj, torch.Tensor):
+        return f"a tensor of shape {tuple(obj.shape)}", "return the nn.Module, not its output or a weight"
+    if callable(obj):
+        name = getattr(obj, "__name__", type(obj).__name__)
+        call = "call the function it made" if name.startswith("<") else f"`return {name}()`"
+        return f"a function ({name})", f"return what that function builds ({call}), or pass fit the function itself"
+    return f"a {type(obj).__name__} ({obj!r:.40})", "return the model (e.g. `def build(): return MyNet(...)`)"
 
 
 # --------------------------------------------------------------------------------------------
@@ -109,16 +195,44 @@ def build_model(build: Callable[[], nn.Module]) -> nn.Module:
     try:
         with warnings.catch_warnings():  # copy.deepcopy of fake parameters (nn.TransformerEncoder) warns
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
-            model = build()
+            model = build_fake(build)
     except FitError:
         raise
+    except MeasureError as e:  # a .to() inside the builder
+        raise FitError(str(e).replace("the builder converts", "building the model converts")) from None
+    except TypeError as e:
+        if inspect.isclass(build) and "argument" in str(e):  # fit(MyNet): MyNet() without its arguments
+            raise FitError(f"the builder is the class {build.__name__}, and {build.__name__}() fails ({e}). Fix: "
+                           f"pass a function that builds it with its arguments, `lambda: {build.__name__}(...)`."
+                           ) from None
+        raise explain_failure(e, "building the model", ()) from e
     except Exception as e:
         raise explain_failure(e, "building the model", ()) from e
     if not isinstance(model, nn.Module):
-        raise FitError(f"the builder returned a {type(model).__name__}, not an nn.Module. Fix: make it return "
-                       "the model (e.g. `def build(): return MyNet(...)`).")
-    adopt_fake_tensors(model)
+        what, fix = _returned(model)
+        raise FitError(f"the builder returned {what}, not an nn.Module. Fix: {fix}.")
+    if type(model).forward is nn.Module.forward:  # nn.Module() itself, or a subclass without forward
+        raise FitError(f"the builder returned a {type(model).__name__} without a forward method. Fix: define "
+                       f"forward(self, x) in {type(model).__name__}, or return the network that has one.")
+    try:
+        adopt_fake_tensors(model)
+    except MeasureError as e:  # a model built before, outside the fake mode
+        raise FitError(str(e)) from None
     return model
+
+
+def check_trainable(model: nn.Module, loop: Loop) -> None:
+    """A step that trains needs parameters that learn; an optimizer needs parameters at all."""
+    params = list(model.parameters())
+    name = type(model).__name__
+    if not params and loop.mode != "inference" and loop.optimizer_name != "none":
+        raise FitError(f"the builder returned a model with no parameters ({name}), so the optimizer ({loop.optimizer_name}) "
+                       "has nothing to hold. Fix: check that the builder returns the model with its layers (not "
+                       "an activation or a container left empty), or --optimizer none, or --mode inference.")
+    if loop.mode == "train" and not any(p.requires_grad for p in params):
+        raise FitError(f"no parameter of the {name} the builder returned requires grad (none, or all frozen): a "
+                       "training step has nothing to learn and its backward fails. Fix: --mode forward or --mode "
+                       "inference, or unfreeze what you train (p.requires_grad_(True)).")
 
 
 def _repeated(module: nn.Module) -> list[tuple[str, nn.Module]] | None:

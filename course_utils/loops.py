@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from .checks import LoopError, guard
-from .train import step_autocast, training_step
+from .train import require_data, step_autocast, training_step
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "none")
 MODES = ("train", "forward", "inference")
@@ -281,6 +281,7 @@ class Loop:
         """One step of this loop on ``(x, target)``; ``micro_batches`` caps how many of the
         ``accumulate`` micro-batches run (the second and later ones hold the same memory: a
         prediction runs two). Returns the loss (train) or the output (forward, inference)."""
+        require_data(model, x, where="Loop.run")
         if self.mode == "inference":
             was_training = model.training
             model.eval()
@@ -300,4 +301,4 @@ class Loop:
                              output=None if self.output is None else lambda out: select_output(out, self.output))
 
 
-guard(globals(), LoopError)
+guard(globals(), LoopError, signed=("output",))  # output: an index may count from the end (-1)

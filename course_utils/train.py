@@ -3,7 +3,8 @@
 ``training_step`` is the only training step in the course: the notebooks train with it, the
 predictor (``memory.predict_step``) runs it on fake tensors, and the CUDA measurements
 (``memory.measure_step``, the benchmark, the GPU kit) run it on the GPU. A predicted and a
-measured figure therefore describe the same sequence of operations.
+measured figure therefore describe the same sequence of operations. ``require_data`` refuses a
+model on the meta device (shapes, no data) before a real step reaches torch's internals with it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator as _OneShot
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +39,22 @@ def dice_score(logits: torch.Tensor, target: torch.Tensor, n_classes: int = N_CL
     return float(sum(scores) / len(scores)) if scores else 1.0
 
 
+def require_data(model: nn.Module, *tensors: torch.Tensor, where: str = "a training step") -> None:
+    """A ``MeasureError`` with the fix if ``model`` (or a tensor) is on the meta device: such a
+    model has shapes but no data (``with torch.device("meta"):``, ``.to("meta")``), and a real
+    step on it fails deep inside torch. Fake tensors (a prediction's) have their own device."""
+    meta = [t for t in (*model.parameters(), *model.buffers()) if t.is_meta]
+    if meta or any(isinstance(t, torch.Tensor) and t.is_meta for t in tensors):
+        what = f"the {type(model).__name__}'s parameters are" if meta else "the batch is"
+        raise MeasureError(
+            f"{where} needs tensors with data, and {what} on the meta device (shapes only: made under "
+            "torch.device('meta') or moved with .to('meta')).",
+            "build the model on the CPU (without torch.device('meta')), or give it memory and values: "
+            "model.to_empty(device='cpu') then initialise its parameters (e.g. reset_parameters() of each layer). "
+            "To predict its memory from the shapes alone, memory.predict_step(lambda: build_on_meta(), ...) takes "
+            "a builder of the meta model as it is.")
+
+
 def step_autocast(x: torch.Tensor, autocast_dtype: torch.dtype | None) -> torch.autocast:
     """``torch.autocast`` on ``x``'s device in ``autocast_dtype``, or switched off for None: the
     region a step's forward and loss run in."""
@@ -48,7 +65,7 @@ def training_step(
     model: nn.Module,
     x: torch.Tensor,
     target: torch.Tensor,
-    optimizer: torch.optim.Optimizer | None = None,
+    optimizer: Any = None,  # a torch.optim.Optimizer, a loops.OptimizerInBackward, or None
     *,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
     autocast_dtype: torch.dtype | None = None,
@@ -76,8 +93,7 @@ def training_step(
     The logits stay alive until the step returns (``after_backward(logits)`` may read them, e.g.
     for a Dice score), as in any loop that names them. Returns the loss, detached.
     """
-    if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
-        raise ValueError(f"accumulate={accumulate!r}: a whole number of micro-batches, >= 1")
+    require_data(model, x, target, where="training_step")
     in_backward = getattr(optimizer, "in_backward", False)
     if optimizer is not None and not in_backward:
         optimizer.zero_grad(set_to_none=set_to_none)
@@ -108,6 +124,7 @@ def train_step(
     loss_fn=F.cross_entropy,
 ) -> tuple[float, float]:
     """``training_step`` in train mode; returns (loss, Dice of the step's logits)."""
+    require_data(model, image, label, where="train_step")
     model.train()
     dice: list[float] = []
     loss = training_step(model, image, label, optimizer, loss_fn=loss_fn,
@@ -131,7 +148,7 @@ def _cycle(batches: Iterable) -> Iterator:
             seen.append(b)
             yield b
         if not seen:
-            raise ValueError("batches is empty: give a DataLoader or a list of (image, label) pairs")
+            raise MeasureError("train: batches is empty.", "give a DataLoader or a list of (image, label) pairs.")
         yield from itertools.cycle(seen)
         return
     while True:
@@ -140,7 +157,7 @@ def _cycle(batches: Iterable) -> Iterator:
             n += 1
             yield b
         if n == 0:
-            raise ValueError("batches is empty: give a DataLoader or a list of (image, label) pairs")
+            raise MeasureError("train: batches is empty.", "give a DataLoader or a list of (image, label) pairs.")
 
 
 def train(
@@ -155,8 +172,9 @@ def train(
     read lazily); Adam, fixed lr."""
     from tqdm.auto import tqdm
 
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a whole number >= 1, got {steps!r}")
+    if steps < 1:  # (a whole number: the guard)
+        raise MeasureError(f"train: steps={steps!r} trains nothing.", "steps=1 or more.")
+    require_data(model, where="train")
     device = resolve_device(device)  # a clear error if CUDA is asked for and absent
     model.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=lr)

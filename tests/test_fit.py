@@ -236,8 +236,8 @@ def test_a_techniques_largest_batch_is_checked_again_where_the_line_overshoots()
 
     fitter = SimpleNamespace(usable=5000)
     start = (32, peak(32))
-    got, ok = fit._Fitter.largest(fitter, peak, 100, (peak(32) - 100) / 32, start, 2, boundary=False)
-    assert ok and peak(got) <= 5000 and got > 0.9 * max(b for b in range(1, 1000) if peak(b) <= 5000)
+    got, ok, why = fit._Fitter.largest(fitter, peak, 100, (peak(32) - 100) / 32, start, 2, boundary=False)
+    assert ok and not why and peak(got) <= 5000 and got > 0.9 * max(b for b in range(1, 1000) if peak(b) <= 5000)
 
 
 def test_largest_batch_is_the_boundary(conv_rep):
@@ -373,13 +373,13 @@ def test_models_that_cannot_run_on_fake_tensors_are_refused(net, fix):
     (dict(build=lambda: 3, input_shape=(4, 8)), "not an nn.Module"),
     (dict(build=nn.Linear(8, 3), input_shape=(4, 8)), "lambda: Linear(...)"),
     (dict(build=ItemNet, input_shape=(4,)), "at least 2 sizes"),
-    (dict(build=ItemNet, input_shape=(4, 0)), "each >= 1"),
+    (dict(build=ItemNet, input_shape=(4, 0)), "whole number >= 1"),
     (dict(build=ItemNet, input_shape=(4, 8), loss="hinge"), "pass a callable"),
     (dict(build=Scalar, input_shape=(4, 8)), "--loss mse or bce"),
     (dict(build=Scalar, input_shape=(4, 8), loss="mse", target_shape=(4, 2)), "--target-shape 4"),
     (dict(build=lambda: nn.Linear(8, 3), input_shape=(4, 8), target_shape=(5,)), "different batches"),
     (dict(build=lambda: nn.Linear(8, 3), input_shape=(4, 8), techniques="ddp-3"), "Fix: pick from"),
-    (dict(build=lambda: nn.Linear(8, 3), input_shape=(4, 8), card_gib=0), "--card 8"),
+    (dict(build=lambda: nn.Linear(8, 3), input_shape=(4, 8), card_gib=0), "card_gib as a finite number > 0"),
 ])
 def test_refusals_name_the_fix(kwargs, fix):
     with pytest.raises(fit.FitError) as e:
@@ -452,7 +452,7 @@ def test_a_model_with_several_outputs():
     (dict(mode="inference", keep_grads=True), "--mode 'forward'"),
     (dict(optimizer_in_backward=True, accumulate=4), "drop one of the two"),
     (dict(optimizer="lion"), "adam, adamw, sgd, none"),
-    (dict(card_gib=float("nan")), "--card 8"),
+    (dict(card_gib=float("nan")), "card_gib as a finite number > 0"),
 ])
 def test_bad_loop_options_name_the_fix(kwargs, fix):
     with pytest.raises(fit.FitError, match=fix.replace("(", r"\(")):
@@ -505,6 +505,9 @@ def test_cli_json_and_exit_codes(capsys):
     # a card smaller than the CUDA context holds nothing: exit 3, which a script can branch on
     assert fit.main([*base, "--card", "0.25"]) == fit.EXIT_DOES_NOT_FIT
     assert fit.main([*base, "--card", "1", "--mode", "inference", "--keep-grads"]) == fit.EXIT_BAD_INPUT
+    capsys.readouterr()
+    assert fit.main([*base, "--card", "nan"]) == fit.EXIT_BAD_INPUT  # the guard's words, with the option's name
+    assert "--card nan (float) is not a finite number > 0. Fix: give --card as" in capsys.readouterr().err
 
 
 # -- what an independent review found (each failed, or answered wrongly, before its fix) --------
@@ -542,7 +545,7 @@ def test_review_findings_each_answered():
 
 @pytest.mark.parametrize("kwargs, fix", [
     (dict(build=all_frozen), "--mode forward or --mode inference"),
-    (dict(build=lambda: nn.ReLU()), "has no parameters"),
+    (dict(build=lambda: nn.ReLU()), r"no parameters \(ReLU\)"),
     (dict(build=ReturnsItsLoss, loss="mse"), "no dimensions"),
     (dict(build=Scalar, loss="mse", output="T"), "one tensor"),
     (dict(build=Scalar, loss="mse", compute_capability="nine"), "--compute-capability 9.0"),
@@ -562,3 +565,108 @@ def test_predict_step_on_a_transformer_encoder():
     real = predict_step(lambda: vit_tiny(image=16, dim=48, depth=1), shape, (2,), n_classes=10, target="cpu",
                         module_peaks=False, fake=False)
     assert fake.peak == real.peak
+
+
+# -- issue 43: what fit said that was not true ---------------------------------------------------
+def relu_elu(relu_inplace: bool = False, elu_inplace: bool = False) -> nn.Module:
+    """A ReLU, then an ELU: ELU in place overwrites the output ReLU's backward needs."""
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(inplace=relu_inplace), nn.ELU(inplace=elu_inplace),
+                         nn.Conv2d(4, 2, 1))
+
+
+def test_in_place_activations_that_break_backward_are_refused_with_the_fix():
+    """Issue 43: fit gave the 'inplace' technique a row on a ReLU followed by an ELU ("peak
+    unchanged" where the ELU was in place already): the prediction's saved-tensor hooks switch
+    off autograd's version check, and PyTorch refuses that backward on any device. The meter
+    now makes the check itself."""
+    for relu, elu in ((True, True), (False, True)):  # what eager PyTorch says, on real CPU tensors
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            relu_elu(relu, elu)(torch.randn(2, 1, 8, 8)).sum().backward()
+    rep = fit.fit(relu_elu, (2, 1, 8, 8), techniques=["inplace"], progress=False)
+    assert [r.technique for r in rep.rows] == [fit.BASELINE]
+    why = rep.skipped["inplace"]
+    assert "backward fails" in why and "ReluBackward0" in why and "Fix: leave inplace out" in why
+    # the model's own forward breaks its backward: the whole network is refused, with the fix
+    with pytest.raises(fit.FitError, match=r"backward fails: an in-place operation overwrote a tensor saved for "
+                                           r"backward \(\[2, 4, 8, 8\] float32, the output of ReluBackward0\)"):
+        fit.fit(lambda: relu_elu(elu_inplace=True), (2, 1, 8, 8), techniques=[], progress=False)
+    # in place where nothing kept is overwritten (a convolution keeps its input) still gets its row
+    def conv_relu():
+        return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 2, 1))
+
+    ok = fit.fit(conv_relu, (2, 1, 8, 8), techniques=["inplace"], progress=False)
+    assert [r.technique for r in ok.rows] == [fit.BASELINE, "inplace"]
+
+
+@pytest.mark.parametrize("build, fix", [
+    (nn.Module, "a Module without a forward method"),
+    (lambda: nn.MaxPool2d(2), r"a model with no parameters \(MaxPool2d\)"),
+    (nn.Linear, r"the builder is the class Linear, and Linear\(\) fails"),
+    (lambda: nn.Linear, r"returned the class Linear \(not an instance of it\)"),
+    (lambda: torch.zeros(3), r"returned a tensor of shape \(3,\)"),
+    (lambda: None, "returned None, not an nn.Module. Fix: end the builder with `return model`"),
+    (lambda: (lambda: nn.Linear(8, 3)), r"returned a function \(<lambda>\)"),
+])
+def test_a_builder_that_returns_no_trainable_model_is_named(build, fix):
+    """Issue 43: a builder that returned a module without parameters (or without a forward), or
+    a class, got advice about the input shape (its forward failed on fake tensors); the wrong
+    kind of object was named by its type alone ("a FakeTensor", "a NoneType")."""
+    with pytest.raises(fit.FitError, match=fix) as e:
+        fit.fit(build, (4, 8), techniques=[], progress=False)
+    assert "input shape" not in str(e.value) and "Fix:" in str(e.value)
+
+
+class FixedBatch(nn.Module):
+    """A forward that fixes the batch size: it runs at batch 8 only."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.fc(x.reshape(8, 4))
+
+
+def test_a_forward_that_fixes_the_batch_gets_a_report_not_a_traceback(capsys):
+    """Issue 43: ``ddp-2`` on such a model ended in torch's traceback and exit code 1: the
+    largest-batch search predicted other batches and let their RuntimeError out. The plain row
+    now stops at the batch that runs, and the row of each GPU's batch 4 says why it cannot apply."""
+    rep = fit.fit(FixedBatch, (8, 4), techniques=["ddp-2", "autocast-bf16"], progress=False)
+    assert [r.technique for r in rep.rows] == [fit.BASELINE, "autocast-bf16"]
+    assert rep.rows[0].largest_batch == 8 and not rep.rows[0].verified
+    assert "does the forward fix the batch size" in rep.rows[0].note
+    assert rep.skipped["ddp-2"].startswith("each GPU runs batch 4, where the step fails (RuntimeError: shape '[8, 4]'")
+    argv = ["tests.test_fit:FixedBatch", "--input", "8,4", "--techniques", "ddp-2", "--no-progress"]
+    assert fit.main(argv) == fit.EXIT_FITS
+    assert "ddp-2: each GPU runs batch 4" in capsys.readouterr().out
+
+
+def test_a_model_built_on_the_meta_device_is_predicted_from_its_shapes():
+    """Issue 43: a builder that makes the model under ``torch.device("meta")`` (a large model built
+    without memory) reached torch's device check; its shapes are all a prediction needs."""
+    def net():
+        return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+
+    def on_meta():
+        with torch.device("meta"):
+            return net()
+
+    kw = dict(techniques=["inplace"], card_gib=1, progress=False)
+    assert fit.fit(on_meta, (4, 8), **kw).rows[1].peak == fit.fit(net, (4, 8), **kw).rows[1].peak
+    with pytest.raises(fit.FitError, match=r"Linear's weight is a real tensor.*Fix: pass a function that builds"):
+        built = nn.Linear(8, 3)
+        fit.fit(lambda: built, (4, 8), techniques=[], progress=False)
+
+
+def test_a_nan_or_huge_card_is_refused_with_the_fix():
+    """Issue 43 reported "cannot convert float NaN to integer" for card_gib=nan: card_gib is
+    annotated float, so the guard refuses NaN and inf. A finite card so large that the batch that
+    fills it overflows torch's sizes (1e15 GiB) is refused too."""
+    import typing
+
+    assert typing.get_type_hints(fit.fit.__wrapped__)["card_gib"] is float
+    for card in (float("nan"), float("inf"), -8.0):
+        with pytest.raises(fit.FitError, match=rf"card_gib={card} \(float\) is not a finite number > 0. Fix:"):
+            fit.fit(lambda: nn.Linear(8, 3), (4, 8), card_gib=card, techniques=[], progress=False)
+    with pytest.raises(fit.FitError, match="no GPU holds more than 1,048,576 GiB. Fix: --card in GiB"):
+        fit.fit(lambda: nn.Linear(8, 3), (4, 8), card_gib=1e15, techniques=[], progress=False)

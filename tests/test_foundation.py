@@ -15,6 +15,7 @@ from course_utils.config import SEED000_VOLUME, resolve_device
 from course_utils import unet
 from course_utils.unet import block_table, draw_u, level_shapes
 from course_utils.config import resolve_preset
+from course_utils.checks import MeasureError
 from course_utils.train import training_step
 
 
@@ -243,8 +244,9 @@ def test_train_refuses_bad_steps_and_reads_generators_lazily():
     net = UNet3D(levels=3, channels=4)
     batch = (torch.randn(2, 1, 8, 8, 8), torch.randint(0, 5, (2, 8, 8, 8)))
     for steps in (0, -3, 2.5):
-        with pytest.raises(ValueError, match="steps must be"):
+        with pytest.raises(MeasureError, match="steps") as e:
             train(net, [batch], steps=steps, progress=False)
+        assert "Fix:" in str(e.value)
 
     def endless():
         while True:
@@ -367,3 +369,24 @@ def test_train_uses_its_learning_rate():
     assert all(torch.equal(a, p) for a, p in zip(before, net.parameters(), strict=True))
     train(net, [_batch(0)], steps=1, lr=1e-2, progress=False)
     assert not all(torch.equal(a, p) for a, p in zip(before, net.parameters(), strict=True))
+
+
+def test_a_model_on_the_meta_device_is_refused_before_a_step():
+    """Issue 43: a model built on the meta device (shapes, no data) reached torch's internals in
+    train_step (a device check), train (``Module.to``: "Cannot copy out of meta tensor") and
+    training_step; each now refuses it first, naming the meta device and the fix."""
+    import importlib
+
+    train_module = importlib.import_module("course_utils.train")  # course_utils.train is also the function
+    with torch.device("meta"):
+        net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    x, y = torch.randn(2, 4), torch.randint(0, 3, (2,))
+    opt = torch.optim.Adam(net.parameters())
+    for where, call in [("train_step", lambda: train_module.train_step(net, x, y, opt)),
+                        ("training_step", lambda: training_step(net, x, y, opt)),
+                        ("train", lambda: train(net, [(x, y)], steps=1, progress=False))]:
+        with pytest.raises(MeasureError, match=rf"^{where} needs tensors with data, and the Sequential's parameters "
+                                               r"are on the meta device.*Fix: build the model on the CPU"):
+            call()
+    with pytest.raises(MeasureError, match="the batch is on the meta device"):
+        training_step(nn.Linear(4, 3), x.to("meta"), y)

@@ -15,7 +15,8 @@ from course_utils import (
 from course_utils.limit_test import (
     LimitTestNet, expected_saved_bytes, input_bytes, make_inputs, naive_bytes,
 )
-from course_utils.memory import GiB, MiB, CATEGORIES, MemoryLog
+from course_utils.checks import MeasureError
+from course_utils.memory import GiB, MiB, CATEGORIES, MemoryLog, SavedTensorModifiedError
 from course_utils.limit_test import run_limit_test, seed003_forward_table
 from course_utils.memory import LiveBytes
 
@@ -271,22 +272,21 @@ def test_limit_net_prediction_scales_with_n_cubed():
 
 
 def test_bad_inputs():
-    with pytest.raises(TypeError, match="function that builds the model, not a model"):
-        predict_step(UNet3D(3, 4), (1, 1, 8, 8, 8), n_classes=5)
-    with pytest.raises(ValueError, match="must be >= 1"):
-        predict_step(lambda: UNet3D(3, 4), (-2, 1, 8, 8, 8), n_classes=5)
-    with pytest.raises(ValueError, match="target must be"):
-        predict_step(lambda: UNet3D(3, 4), (2, 1, 8, 8, 8), n_classes=5, target="tpu")
-    with pytest.raises(ValueError, match="real CPU tensors follow the CPU's rules"):
-        predict_step(lambda: UNet3D(3, 4), (2, 1, 8, 8, 8), n_classes=5, fake=False, target="cuda")
-    with pytest.raises(TypeError, match="expected an nn.Module"):
-        log_step("not a model", torch.zeros(1), torch.zeros(1))
-    with pytest.raises(TypeError, match="torch.Tensor"):
-        log_step(nn.Linear(2, 2), [1, 2], torch.zeros(1))
-    with pytest.raises(ValueError, match="5D tensor"):
+    for call, fix in [
+        (lambda: predict_step(UNet3D(3, 4), (1, 1, 8, 8, 8), n_classes=5), "function that builds the model, not a model"),
+        (lambda: predict_step(lambda: UNet3D(3, 4), (-2, 1, 8, 8, 8), n_classes=5), "whole number >= 1"),
+        (lambda: predict_step(lambda: UNet3D(3, 4), (2, 1, 8, 8, 8), n_classes=5, target="tpu"), "one of 'cuda', 'cpu'"),
+        (lambda: predict_step(lambda: UNet3D(3, 4), (2, 1, 8, 8, 8), n_classes=5, fake=False, target="cuda"),
+         "real CPU tensors follow the CPU's rules"),
+        (lambda: log_step("not a model", torch.zeros(1), torch.zeros(1)), "nn.Module"),
+        (lambda: log_step(nn.Linear(2, 2), [1, 2], torch.zeros(1)), "torch.Tensor"),
+        (lambda: predict_step(lambda: UNet3D(3, 4), (1, 1, 8, 8, 8), n_classes=5, optimizer="lion"), "optimizer must be"),
+    ]:
+        with pytest.raises(MeasureError, match=fix) as e:
+            call()
+        assert "Fix:" in str(e.value)
+    with pytest.raises(ValueError, match="5D tensor"):  # torch's own words: the model refuses the shape
         predict_step(lambda: UNet3D(3, 4), (1, 8, 8, 8), n_classes=5)
-    with pytest.raises(ValueError, match="optimizer must be"):
-        predict_step(lambda: UNet3D(3, 4), (1, 1, 8, 8, 8), n_classes=5, optimizer="lion")
 
 
 # -- MemTracker is private API: pin what we rely on -----------------------------------------
@@ -313,13 +313,13 @@ def test_largest_that_fits(limit):
 
 
 def test_largest_that_fits_refuses_what_it_cannot_answer():
-    with pytest.raises(ValueError, match="start must be >= 1"):
+    with pytest.raises(MeasureError, match="start=0 .* whole number >= 1"):
         largest_that_fits(lambda n: n <= 10, start=0)  # doubling from 0: used to loop forever
-    with pytest.raises(ValueError, match="start must be >= 1"):
+    with pytest.raises(MeasureError, match="whole number >= 1"):
         largest_that_fits(lambda n: n <= 10, start=-4)
-    with pytest.raises(ValueError, match="below start"):
+    with pytest.raises(MeasureError, match="below start"):
         largest_that_fits(lambda n: True, start=20, limit=10)
-    with pytest.raises(ValueError, match="everything up to limit=64 fits"):
+    with pytest.raises(MeasureError, match="everything up to limit=64 fits"):
         largest_that_fits(lambda n: True, limit=64)
     assert largest_that_fits(lambda n: True, limit=64, at_limit="return") == 64
 
@@ -765,3 +765,50 @@ def test_dropout_follows_cudas_fused_kernel():
     assert cpu.saved_peak - cuda.saved_peak == 32 * 256 * (4 - 1)
     x = torch.randn(4, 8, requires_grad=True)  # and CPU dropout is itself again afterwards
     assert type(torch.nn.functional.dropout(x, 0.1).grad_fn).__name__ == "MulBackward0"
+
+
+# -- issue 43: the meter makes autograd's in-place check; a model on the meta device ---------------
+def _relu_then_elu(elu_inplace: bool) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.ELU(inplace=elu_inplace), nn.Conv2d(4, 2, 1))
+
+
+@pytest.mark.parametrize("fake", [True, False])
+def test_a_backward_that_pytorch_refuses_is_refused_by_the_prediction(fake):
+    """Issue 43: with saved-tensor hooks set, autograd leaves its version check to them, and the
+    meter's hooks made none: a step whose backward PyTorch refuses (an in-place ELU overwrites the
+    output ReLU's backward needs) was predicted as if it ran. SavedTensorMeter now compares each
+    saved tensor's version at unpack time, as autograd does."""
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):  # eager PyTorch
+        _relu_then_elu(True)(torch.randn(2, 1, 8, 8)).sum().backward()
+    kw = dict(fake=fake, target="cpu", module_peaks=False)
+    with pytest.raises(SavedTensorModifiedError, match=r"\[2, 4, 8, 8\] float32, the output of ReluBackward0") as e:
+        predict_step(lambda: _relu_then_elu(True), (2, 1, 8, 8), **kw)
+    assert isinstance(e.value, MeasureError) and "Fix: make the operation that overwrites it out of place" in str(e.value)
+    assert predict_step(lambda: _relu_then_elu(False), (2, 1, 8, 8), **kw).peak > 0
+
+
+def _small_net() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 1))
+
+
+def _on_meta() -> nn.Module:
+    with torch.device("meta"):
+        return _small_net()
+
+
+def test_a_model_on_the_meta_device_is_predicted_or_refused_with_the_fix():
+    """Issue 43: a model built on the meta device reached torch's internals in predict_step (a
+    device mismatch) and log_step. A prediction needs shapes only: it now takes the meta model's;
+    a real step (log_step, fake=False) refuses it, naming the meta device and the fix."""
+    shape = (2, 1, 8, 8)
+    assert predict_step(_on_meta, shape).peak == predict_step(_small_net, shape).peak
+    with pytest.raises(MeasureError, match=r"predict_step\(fake=False\) needs tensors with data.*meta device.*Fix:"):
+        predict_step(_on_meta, shape, fake=False, target="cpu")
+    with pytest.raises(MeasureError, match="log_step needs tensors with data, and the Sequential's parameters are on "
+                                           "the meta device.*Fix: build the model on the CPU"):
+        log_step(_on_meta(), torch.randn(shape), torch.randint(0, 2, (2, 8, 8)))
+    with pytest.raises(MeasureError, match=r"converts or moves the model .* Fix: build the model where and as it runs"):
+        predict_step(lambda: _small_net().to("meta"), shape)
+    built = _small_net()
+    with pytest.raises(MeasureError, match=r"Sequential's 0.weight is a real tensor.*Fix: pass a function that builds"):
+        predict_step(lambda: built, shape)

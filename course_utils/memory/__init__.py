@@ -31,10 +31,12 @@ anything allocated outside PyTorch's dispatcher. ``gpu_report`` measures each on
 Where things are (every name below is also importable from ``course_utils.memory``):
 
 * ``units``      -- ``MiB``, ``GiB``, ``mib``, ``tensor_bytes``;
-* ``meters``     -- ``SavedTensorMeter``, ``saved_tensors`` (``SavedTensor``), ``LiveBytes``, ``storage_key``;
+* ``meters``     -- ``SavedTensorMeter`` (``SavedTensorModifiedError``: autograd's in-place check, which its
+  hooks make), ``saved_tensors`` (``SavedTensor``), ``LiveBytes``, ``storage_key``;
 * ``hook_table`` -- ``MemoryLog`` (``Row``, ``CATEGORIES``, ``CUDA_BLOCK_ROUNDING``, ``LOSS``, ``OPTIMIZER``), ``log_step``;
 * ``predict``    -- ``predict_step`` (``Prediction``, ``method_label``, ``prime_optimizer``,
-  ``default_dtype``, ``make_optimizer``, ``target_spec``, ``adopt_fake_tensors``, ``cuda_dropout``)
+  ``default_dtype``, ``make_optimizer``, ``target_spec``, ``adopt_fake_tensors``, ``build_fake``,
+  ``cuda_dropout``)
   and its twin on a GPU, ``measure_step`` (``step_parts``: what it trains);
 * ``oom``        -- ``largest_that_fits``, ``catch_oom``, ``explain_oom``, ``is_oom``;
 * ``cuda``       -- ``cuda_peak`` (``CudaPeak``), ``memory_cap``, ``require_cuda``;
@@ -44,11 +46,12 @@ Where things are (every name below is also importable from ``course_utils.memory
 """
 
 from .cuda import CudaPeak, cuda_peak, memory_cap, require_cuda
-from .meters import LiveBytes, SavedTensor, SavedTensorMeter, saved_tensors, storage_key
+from .meters import LiveBytes, SavedTensor, SavedTensorMeter, SavedTensorModifiedError, saved_tensors, storage_key
 from .oom import catch_oom, explain_oom, is_oom, largest_that_fits
 from .predict import (
     Prediction,
     adopt_fake_tensors,
+    build_fake,
     cuda_dropout,
     default_dtype,
     make_optimizer,
@@ -86,9 +89,9 @@ def __dir__() -> list[str]:
 __all__ = [
     "CudaPeak", "cuda_peak", "memory_cap", "require_cuda",
     "CATEGORIES", "CUDA_BLOCK_ROUNDING", "LOSS", "OPTIMIZER", "MemoryLog", "Row", "log_step",
-    "LiveBytes", "SavedTensor", "SavedTensorMeter", "saved_tensors", "storage_key",
+    "LiveBytes", "SavedTensor", "SavedTensorMeter", "SavedTensorModifiedError", "saved_tensors", "storage_key",
     "catch_oom", "explain_oom", "is_oom", "largest_that_fits",
-    "Prediction", "adopt_fake_tensors", "cuda_dropout", "default_dtype", "make_optimizer", "measure_step", "method_label",
+    "Prediction", "adopt_fake_tensors", "build_fake", "cuda_dropout", "default_dtype", "make_optimizer", "measure_step", "method_label",
     "predict_step", "prime_optimizer",
     "step_parts", "target_spec",
     "BLOCK", "CudaStats", "LiveBytesStats", "OpMemory", "OpTransients", "op_memory_step",

@@ -71,7 +71,7 @@ def memory_cap(gib: float, device: int = 0) -> Iterator[float]:
     Yields the fraction used (at most 1: a cap above the card's size is the card)."""
     require_cuda("memory_cap")
     if gib <= 0:
-        raise ValueError(f"the cap must be > 0 GiB, got {gib}")
+        raise MeasureError(f"memory_cap: the cap must be > 0 GiB, got {gib}.", "e.g. memory_cap(4) for 4 GiB.")
     total = torch.cuda.get_device_properties(device).total_memory
     fraction = min(1.0, gib * GiB / total)
     torch.cuda.empty_cache()

@@ -17,7 +17,7 @@ from torch.distributed.tensor import DTensor
 
 from ..checks import MeasureError, guard
 from ..loops import Loop, optimizers_of
-from ..train import training_step
+from ..train import require_data, training_step
 from .meters import SavedTensorMeter
 from .units import mib
 
@@ -390,20 +390,20 @@ class MemoryLog(MemTracker):
 
 def _check_model_and_input(model: Any, x: Any) -> None:
     if not isinstance(model, nn.Module):
-        raise TypeError(
-            f"expected an nn.Module, got {type(model).__name__}. Fix: pass the model itself "
-            "(e.g. UNet3D(...)), not its output or its class."
-        )
+        raise MeasureError(
+            f"expected an nn.Module, got {type(model).__name__}.",
+            "pass the model itself (e.g. UNet3D(...)), not its output or its class.")
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"expected the input as a torch.Tensor, got {type(x).__name__}")
+        raise MeasureError(f"expected the input as a torch.Tensor, got {type(x).__name__}.",
+                           "pass the batch as one tensor, e.g. torch.randn(2, 1, 64, 64, 64).")
 
 
 def log_step(
     model: nn.Module,
     x: torch.Tensor,
-    target: torch.Tensor,
+    target: torch.Tensor | None,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy,
-    optimizer: torch.optim.Optimizer | None = None,
+    optimizer: Any = None,  # a torch.optim.Optimizer, a loops.OptimizerInBackward, or None
     autocast_dtype: torch.dtype | None = None,
     module_peaks: bool = True,
     round_like_cuda: bool = False,
@@ -414,6 +414,7 @@ def log_step(
     optimizer state from earlier steps, the batch) is tracked as resident. ``loop``: that loop's
     step instead (``loops.Loop.run``, at most two micro-batches)."""
     _check_model_and_input(model, x)
+    require_data(model, x, target, where="log_step")
     log = MemoryLog(model, cuda=x.device.type == "cuda", module_peaks=module_peaks,
                     round_like_cuda=round_like_cuda)
     log.track_external(*(t for t in (model, x, target) if t is not None), *optimizers_of(optimizer))

@@ -34,12 +34,39 @@ class _Packed:
     which would own the output again -- so a graph whose backward never runs (an OOM in the
     forward, ``catch_oom``) would never be freed: on a GPU, each failed attempt of a
     largest-batch search stayed allocated (PyTorch's saved-tensor-hooks docs; pytorch#115255).
-    Autograd puts the ``grad_fn`` back when it unpacks."""
+    Autograd puts the ``grad_fn`` back when it unpacks.
 
-    __slots__ = ("tensor", "__weakref__")
+    It also keeps the tensor's version (``_version``, bumped by every in-place op on it or on
+    any view: the alias shares the counter) and the name of the op that made it: with hooks
+    set, autograd leaves its own check ("modified by an inplace operation") to them, so
+    ``SavedTensorMeter`` makes it at unpack time, as autograd's ``SavedVariable::unpack`` does."""
+
+    __slots__ = ("tensor", "version", "made_by", "__weakref__")
 
     def __init__(self, tensor: torch.Tensor):
         self.tensor = tensor.detach()
+        self.version = tensor._version
+        self.made_by = tensor.grad_fn.name() if tensor.grad_fn is not None else ""
+
+
+class SavedTensorModifiedError(MeasureError):
+    """A tensor autograd saved for backward was changed in place before backward read it: the
+    step's backward fails in PyTorch too ("one of the variables needed for gradient computation
+    has been modified by an inplace operation"), with or without the course's hooks. ``saved``
+    names the tensor (its shape, dtype and the op that made it)."""
+
+    def __init__(self, handle: _Packed):
+        t = handle.tensor
+        made = f", the output of {handle.made_by}" if handle.made_by else ""
+        self.saved = f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}{made}"
+        super().__init__(
+            f"a tensor saved for backward ({self.saved}) was modified by an in-place operation before backward "
+            f"read it (version {t._version}, saved at version {handle.version}): the step's backward fails in "
+            "PyTorch too ('one of the variables needed for gradient computation has been modified by an "
+            "inplace operation').",
+            "make the operation that overwrites it out of place: inplace=False on the activation after that "
+            "op (e.g. an nn.ELU(inplace=True) after a ReLU overwrites the output ReLU's backward needs), or "
+            "y = x + 1 for x += 1.")
 
 
 class SavedTensorMeter:
@@ -85,6 +112,8 @@ class SavedTensorMeter:
 
     @staticmethod
     def _unpack(handle: _Packed) -> torch.Tensor:
+        if handle.tensor._version != handle.version:  # autograd's own check, which hooks switch off
+            raise SavedTensorModifiedError(handle)
         return handle.tensor
 
     def _release(self, key: int) -> None:
@@ -124,10 +153,9 @@ def saved_tensors(output: torch.Tensor, params: Iterable[torch.Tensor] = ()) -> 
     pass (inputs first). Storages shared between entries have the same ``storage`` key.
     """
     if not isinstance(output, torch.Tensor) or output.grad_fn is None:
-        raise ValueError(
-            "saved_tensors needs the output of a forward pass that requires grad "
-            "(a tensor with a grad_fn); run the forward outside torch.no_grad()."
-        )
+        raise MeasureError(
+            "saved_tensors needs the output of a forward pass that requires grad (a tensor with a grad_fn).",
+            "run the forward outside torch.no_grad(), with parameters that require grad.")
     param_keys = {storage_key(p) for p in params}
     seen, order, stack = set(), [], [output.grad_fn]
     while stack:  # depth-first, then reversed: roughly forward order

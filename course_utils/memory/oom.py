@@ -5,7 +5,7 @@ doubling and bisection), ``catch_oom`` (an OOM caught, explained and leaving not
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Literal
 
 import torch
 
@@ -13,7 +13,7 @@ from ..checks import MeasureError, guard
 
 
 def largest_that_fits(fits: Callable[[int], bool], start: int = 1, limit: int = 1 << 20,
-                      at_limit: str = "raise", hint: int | None = None) -> int:
+                      at_limit: Literal["raise", "return"] = "raise", hint: int | None = None) -> int:
     """The largest integer n in [start, limit] with ``fits(n)`` True, assuming fits is monotone
     (True up to some n, then False). Doubling, then bisection: O(log n) calls.
 
@@ -21,9 +21,7 @@ def largest_that_fits(fits: Callable[[int], bool], start: int = 1, limit: int = 
     cannot tell how much further it goes: ``at_limit="raise"`` (default) raises, ``"return"``
     returns ``limit``. ``hint``: a guess of the answer (a prediction), tried first with the value
     after it: a right guess costs two calls; a wrong one narrows the search (no value is tried twice)."""
-    if hint is not None:
-        if not isinstance(hint, int) or isinstance(hint, bool):
-            raise TypeError(f"hint must be a whole number, got {hint!r}")
+    if hint is not None:  # (whole numbers, start and limit >= 1: the guard)
         if start <= hint < limit:
             known: dict[int, bool] = {}
 
@@ -35,15 +33,9 @@ def largest_that_fits(fits: Callable[[int], bool], start: int = 1, limit: int = 
             if once(hint):
                 return hint if not once(hint + 1) else largest_that_fits(once, hint + 1, limit, at_limit)
             return start - 1 if hint == start else largest_that_fits(once, start, hint - 1, "return")
-    for name, v in (("start", start), ("limit", limit)):
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise TypeError(f"{name} must be a whole number, got {v!r}")
-    if start < 1:
-        raise ValueError(f"start must be >= 1 (doubling from {start} never grows), got {start}")
     if limit < start:
-        raise ValueError(f"limit ({limit}) is below start ({start}): nothing to search")
-    if at_limit not in ("raise", "return"):
-        raise ValueError(f"at_limit must be 'raise' or 'return', got {at_limit!r}")
+        raise MeasureError(f"largest_that_fits: limit ({limit}) is below start ({start}): nothing to search.",
+                           "a limit >= start.")
     if not fits(start):
         return start - 1
     lo, hi = start, start * 2
@@ -52,10 +44,8 @@ def largest_that_fits(fits: Callable[[int], bool], start: int = 1, limit: int = 
     if hi > limit:
         if lo == limit or fits(limit):  # lo == limit: the doubling already saw it fit
             if at_limit == "raise":
-                raise ValueError(
-                    f"everything up to limit={limit} fits: the largest value is not known. "
-                    "Fix: raise limit, or pass at_limit='return' to accept the limit."
-                )
+                raise MeasureError(f"everything up to limit={limit} fits: the largest value is not known.",
+                                   "raise limit, or pass at_limit='return' to accept the limit.")
             return limit
         hi = limit
     while hi - lo > 1:
@@ -162,4 +152,4 @@ class catch_oom:
         return self.error is None
 
 
-guard(globals(), MeasureError)
+guard(globals(), MeasureError, positive=("start", "limit"))  # doubling from 0 never grows

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Sequence
 
 import torch
 from torch import nn
@@ -16,7 +16,7 @@ from torch import nn
 from ..amp_rules import autocast_rules
 from ..checks import MeasureError, guard
 from ..loops import Loop, prime_optimizer
-from ..train import training_step
+from ..train import require_data, training_step
 from .cuda import CudaPeak, cuda_peak, require_cuda
 from .meters import SavedTensorMeter
 from .units import mib
@@ -105,18 +105,37 @@ def cuda_dropout() -> Iterator[None]:
 def adopt_fake_tensors(model: nn.Module) -> None:
     """Parameters and buffers copied with ``copy.deepcopy`` inside ``FakeTensorMode`` (as
     ``nn.TransformerEncoder`` copies its layer) belong to another fake mode, which the active one
-    refuses ("Mixing fake modes"): replace them by tensors of the active mode (values do not
-    matter; tied tensors stay tied)."""
+    refuses ("Mixing fake modes"), and those of a model built on the meta device (``with
+    torch.device("meta"):``, to build a large model without memory) are on another device than the
+    batch: replace them by tensors of the active mode on its device (values do not matter, shapes
+    and dtypes do; tied tensors stay tied). A real tensor (a model built before, outside the mode)
+    is refused with a ``MeasureError`` that names it and the fix."""
     from torch._subclasses.fake_tensor import FakeTensor
 
     mode = getattr(torch.empty(0), "fake_mode", None)
     if mode is None:
         return
+    for path, m in model.named_modules():
+        for store in (m._parameters, m._buffers):
+            for name, t in store.items():
+                if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor):
+                    raise MeasureError(
+                        f"the {type(model).__name__}'s {f'{path}.' if path else ''}{name} is a real tensor, not "
+                        "a fake one (shapes only, no memory): the model was built before the prediction, or that "
+                        "tensor was made outside the builder.",
+                        "pass a function that builds a new model, e.g. `lambda: MyNet(...)`, not `lambda: model`, "
+                        "and make every tensor inside it (a constant with torch.tensor(...) in __init__).")
+    _replace_tensors(model, lambda t: t.fake_mode is not mode or t.is_meta)
+
+
+def _replace_tensors(model: nn.Module, stale: Callable[[torch.Tensor], bool]) -> None:
+    """Each parameter and buffer for which ``stale(t)`` is True replaced by a tensor of its shape,
+    stride and dtype made in the active mode (tied tensors stay tied)."""
     new: dict[int, torch.Tensor] = {}
     for m in model.modules():
         for store in (m._parameters, m._buffers):
             for name, t in list(store.items()):
-                if isinstance(t, FakeTensor) and t.fake_mode is not mode:
+                if t is not None and stale(t):
                     if id(t) not in new:
                         fresh = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype)
                         if isinstance(t, nn.Parameter):
@@ -125,26 +144,55 @@ def adopt_fake_tensors(model: nn.Module) -> None:
                     store[name] = new[id(t)]
 
 
+def build_fake(build_model: Callable[[], Any]) -> Any:
+    """``build_model()`` inside the active ``FakeTensorMode`` (or none: then as it is). A builder
+    that makes its model on the meta device and that the fake mode refuses (``BatchNorm``'s
+    counter, ``torch.tensor(0)``, is a real meta tensor there) runs again outside the fake mode,
+    where a meta model allocates nothing, and its meta tensors become fake ones. A ``.to()``
+    inside the builder, which fake parameters refuse ("Couldn't swap"), is a ``MeasureError``."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    try:
+        return build_model()
+    except RuntimeError as e:
+        if "Couldn't swap" not in str(e):
+            raise
+        raise MeasureError(f"the builder converts or moves the model ({e}): fake tensors cannot be swapped.",
+                           "build the model where and as it runs, without .to(), .cuda(), .half() or .double() "
+                           "(dtype=... builds it in another dtype; `with torch.device('meta'):` builds a large "
+                           "model without memory).") from None
+    except AssertionError as e:  # FakeTensorMode's "Please convert all Tensors to FakeTensors first"
+        if "FakeTensors" not in str(e) or "device='meta'" not in str(e):
+            raise
+    with unset_fake_temporarily():
+        model = build_model()
+    if isinstance(model, nn.Module):
+        _replace_tensors(model, lambda t: t.is_meta)
+    return model
+
+
 def _check_builder(build_model: Any) -> None:
     if isinstance(build_model, nn.Module):
-        raise TypeError(
+        raise MeasureError(
             "predict_step takes a function that builds the model, not a model: it must build it "
-            "inside FakeTensorMode, in the requested dtype. Fix: pass e.g. "
-            "`lambda: seed000_unet('large')` instead of the model itself."
-        )
+            "inside FakeTensorMode, in the requested dtype.",
+            "pass e.g. `lambda: seed000_unet('large')` instead of the model itself.")
     if not callable(build_model):
-        raise TypeError(f"build_model must be a function returning an nn.Module, got "
-                        f"{type(build_model).__name__}")
+        raise MeasureError(f"build_model must be a function returning an nn.Module, got {type(build_model).__name__}.",
+                           "pass e.g. `lambda: MyNet(...)`.")
 
 
-def _check_shape(name: str, shape: Sequence[int]) -> tuple[int, ...]:
-    try:
-        shape = tuple(int(s) for s in shape)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a sequence of whole numbers, got {shape!r}") from None
-    if any(s < 1 for s in shape):
-        raise ValueError(f"{name} {shape}: every size (batch included) must be >= 1")
-    return shape
+def _check_shape(name: str, shape: Any) -> tuple[int, ...]:
+    """A shape: whole numbers, each >= 1."""
+    bad = isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable)
+    dims = () if bad else tuple(shape)
+    if bad or not all(isinstance(s, int) and not isinstance(s, bool) for s in dims):
+        raise MeasureError(f"{name} must be a sequence of whole numbers, got {shape!r}.",
+                           f"pass {name} as a tuple, batch first, e.g. (2, 1, 64, 64, 64).")
+    if not dims or any(s < 1 for s in dims):
+        raise MeasureError(f"{name} {dims}: every size (batch included) must be >= 1.",
+                           f"pass {name} batch first, every size >= 1, e.g. (2, 1, 64, 64, 64).")
+    return dims
 
 
 def target_spec(input_shape: tuple[int, ...], target_shape: Sequence[int] | None,
@@ -173,7 +221,7 @@ def predict_step(
     fake: bool = True,
     module_peaks: bool = True,
     steady_state: bool = True,
-    target: str | None = None,
+    target: Literal["cuda", "cpu"] | None = None,
     loop: Loop | None = None,
 ) -> Prediction:
     """Predict the memory of one training step (``train.training_step``) without running it.
@@ -208,16 +256,15 @@ def predict_step(
     _check_builder(build_model)
     input_shape = _check_shape("input_shape", input_shape)
     if len(input_shape) < 2:
-        raise ValueError(f"input_shape needs at least (batch, channels), got {input_shape}")
+        raise MeasureError(f"input_shape needs at least (batch, channels), got {input_shape}.",
+                           "pass the batch first, then the channels and the sizes, e.g. (2, 1, 64, 64, 64).")
     target = target or ("cuda" if fake else "cpu")
-    if target not in ("cuda", "cpu"):
-        raise ValueError(f"target must be 'cuda' or 'cpu', got {target!r}")
     if target == "cuda" and not fake:
-        raise ValueError("real CPU tensors follow the CPU's rules: use target='cpu' with fake=False, "
-                         "or measure_step() on a GPU")
+        raise MeasureError("real CPU tensors follow the CPU's rules.",
+                           "use target='cpu' with fake=False, or measure_step() on a GPU.")
     if loop is not None and optimizer != "adam":
-        raise ValueError("predict_step takes the optimizer from loop= when a loop is given. Fix: leave optimizer "
-                         f"out, or name it in the loop (Loop(optimizer={optimizer!r}))")
+        raise MeasureError("predict_step takes the optimizer from loop= when a loop is given.",
+                           f"leave optimizer out, or name it in the loop (Loop(optimizer={optimizer!r})).")
     classify, target_shape, loss_fn = target_spec(input_shape, target_shape, n_classes, loss_fn)
 
     # the same starting state every time: Python's garbage collector frees cyclic garbage (some
@@ -237,9 +284,11 @@ def predict_step(
     mode = FakeTensorMode() if fake else contextlib.nullcontext()
     dropout = cuda_dropout() if target == "cuda" else contextlib.nullcontext()
     with default_dtype(dtype), mode, autocast_rules(target if autocast_dtype else None), dropout:
-        model = build_model()
+        model = build_fake(build_model)
         _check_model_and_input(model, torch.empty(0))
         adopt_fake_tensors(model)  # (real tensors, fake=False: nothing to do)
+        if not fake:
+            require_data(model, where="predict_step(fake=False)")
         x = torch.randn(input_shape)
         if loop is not None and loop.mode == "inference":
             y = None  # inference has no target
@@ -277,7 +326,8 @@ def make_optimizer(spec: Any, model: nn.Module, foreach: bool = False) -> torch.
         return torch.optim.Adam(model.parameters(), lr=1e-3, foreach=foreach)
     if spec == "sgd":
         return torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9, foreach=foreach)
-    raise ValueError(f"optimizer must be 'adam', 'sgd', None or a factory, got {spec!r}")
+    raise MeasureError(f"optimizer must be 'adam', 'sgd', None or a factory, got {spec!r}.",
+                       "e.g. optimizer='sgd', or a factory: lambda params: torch.optim.AdamW(params).")
 
 
 def step_parts(

@@ -194,14 +194,14 @@ class OpTransients(TorchDispatchMode):
     def largest(self, field: str = "transient", n: int = 10) -> list[OpMemory]:
         """The ``n`` rows with the largest ``field`` (``transient`` or ``kept_extra``), largest first."""
         if field not in ("transient", "kept_extra"):
-            raise ValueError(f"field must be 'transient' or 'kept_extra', got {field!r}")
+            raise MeasureError(f"field must be 'transient' or 'kept_extra', got {field!r}.", "field='transient'.")
         return sorted((r for r in self.rows if getattr(r, field) > 0), key=lambda r: -getattr(r, field))[:n]
 
     def by_op(self, field: str = "transient") -> list[dict[str, Any]]:
         """``field`` summed up by op and phase: ``[{"op", "phase", "calls", "max", "total"}]``,
         the largest ``max`` first; ops whose ``field`` is 0 at every call are left out."""
         if field not in ("transient", "kept_extra"):
-            raise ValueError(f"field must be 'transient' or 'kept_extra', got {field!r}")
+            raise MeasureError(f"field must be 'transient' or 'kept_extra', got {field!r}.", "field='transient'.")
         groups: dict[tuple[str, str], list[int]] = defaultdict(list)
         for r in self.rows:
             groups[r.op, r.phase].append(getattr(r, field))
@@ -223,7 +223,8 @@ def op_memory_step(build_model: Any, input_shape: Any, target_shape: Any = None,
     dev = torch.device(device)
     if dev.type == "cuda":
         if within is not None:
-            raise ValueError("within= is for the CPU step (a prediction op by op); a GPU step runs as it is")
+            raise MeasureError("within= is for the CPU step (a prediction op by op); a GPU step runs as it is.",
+                               "leave within out with device='cuda', or pass device='cpu'.")
         ops = OpTransients(CudaStats(dev))
         return ops, measure_step(build_model, input_shape, target_shape, device=dev, instrument=ops, **step_kw)
     with within if within is not None else contextlib.nullcontext():
