@@ -38,9 +38,10 @@ from pathlib import Path
 
 from .allocator import caching_demo
 from .budget import overheads
-from .checks import ScaffoldError, guard
+from .checks import CourseError, RecordError, ScaffoldError, guard
 from .config import PRESETS
 from .explorer import PRECISIONS, Config, estimate
+from .files import atomic_write, read_json, replacing, write_error
 from .layout import exercise_name, notebook_title
 from .limit_test import input_bytes, run_limit_test
 from .memory import GiB, MiB
@@ -113,12 +114,31 @@ def with_setup_cell(nb: dict) -> dict:
     return nb
 
 
+def _notebook(path: Path, root: Path) -> dict:
+    """A notebook's JSON, or ``ScaffoldError`` naming the file and the fix."""
+    rel = path.relative_to(root).as_posix()
+    try:
+        nb = read_json(path, "a notebook (JSON)", f"restore it (`git checkout -- {rel}`) or save it again from JupyterLab")
+        if not (isinstance(nb.get("cells"), list) and all(isinstance(c, dict) and "cell_type" in c and "source" in c
+                                                          for c in nb["cells"])):
+            raise RecordError(f"{path} should be a notebook, but its cells are not a list of cells.",
+                              f"restore it (`git checkout -- {rel}`) or save it again from JupyterLab")
+    except RecordError as err:
+        raise ScaffoldError(str(err).replace(str(path), rel)) from None
+    return nb
+
+
 def cell_problems(root: Path = ROOT) -> list[str]:
-    """Each notebook whose setup cell is missing, stale, or not the first code cell, with the fix."""
+    """Each notebook whose setup cell is missing, stale, or not the first code cell, or that cannot
+    be read, with the fix."""
     fix = "Fix: python -m course_utils.hosted --update-cells (then python -m course_utils.grading.generate)"
     out = []
     for path in notebook_paths(root) + sorted(root.glob("exercises/[0-9][0-9]_*.ipynb")):
-        nb = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            nb = _notebook(path, root)
+        except ScaffoldError as err:
+            out.append(str(err))
+            continue
         i = setup_cell_index(nb)
         name = path.relative_to(root)
         first_code = next((k for k, c in enumerate(nb["cells"]) if c["cell_type"] == "code"), None)
@@ -133,13 +153,15 @@ def cell_problems(root: Path = ROOT) -> list[str]:
 
 
 def update_cells(root: Path = ROOT) -> list[str]:
-    """Write SETUP_CELL into every notebook that lacks it or has a stale copy; returns their names."""
+    """Write SETUP_CELL into every notebook that lacks it or has a stale copy; returns their names.
+    Every notebook is read first (``ScaffoldError`` naming one that cannot be, nothing written),
+    and each is written whole or not at all."""
+    new = {path: json.dumps(with_setup_cell(_notebook(path, root)), indent=1, ensure_ascii=False) + "\n"
+           for path in notebook_paths(root)}
     changed = []
-    for path in notebook_paths(root):
-        text = path.read_text(encoding="utf-8")
-        new = json.dumps(with_setup_cell(json.loads(text)), indent=1, ensure_ascii=False) + "\n"
-        if new != text:
-            path.write_text(new, encoding="utf-8")
+    for path, text in new.items():
+        if text != path.read_text(encoding="utf-8"):
+            atomic_write(path, text)
             changed.append(str(path.relative_to(root)))
     return changed
 
@@ -229,7 +251,8 @@ def render_tiers(total_gib: float = T4_TOTAL_GIB) -> str:
     n = max(PRESETS["full"].limit_test_ns)
     miss003 = 6 * input_bytes(n) / MiB  # docs/gpu-runs/2026-11-24-h100.md, "What did not", 3.
     room003 = next(r["room MiB"] for r in rows if r["notebooks"] == "03")
-    run = json.loads(FIRST_GPU_RUN.read_text(encoding="utf-8"))
+    run = read_json(FIRST_GPU_RUN, "the first GPU run's benchmark of the large net",
+                    f"restore it (`git checkout -- {FIRST_GPU_RUN.relative_to(ROOT)}`)")
     base = next(r for r in run["rows"] if r["technique"] == "baseline fp32")
     miss = 100 * (base["measured peak MiB"] / base["predicted peak MiB"] - 1)
     t4_mib = T4_TOTAL_GIB * GiB / MiB
@@ -264,8 +287,8 @@ def update_tiers(doc: Path = DOC, page: Path = SITE_PAGE) -> bool:
     new = replace_block(text, "tiers", render_tiers())
     changed = new != text or not page.exists() or page.read_text(encoding="utf-8") != site_page(new)
     if changed:
-        doc.write_text(new, encoding="utf-8")
-        page.write_text(site_page(new), encoding="utf-8")
+        atomic_write(doc, new)
+        atomic_write(page, site_page(new))
     return changed
 
 
@@ -285,11 +308,15 @@ def build_wheel(out: Path, root: Path = ROOT) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("course_utils-*.whl"):
         old.unlink()
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(out), str(root)], check=True)
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                        "-w", str(out), str(root)])
+    if r.returncode:
+        raise ScaffoldError(f"pip wheel of {root} failed (exit {r.returncode}; its output is above).",
+                            "fix what pip says, then build again (make dist)")
     wheels = sorted(out.glob("course_utils-*.whl"))
     if len(wheels) != 1:
-        raise RuntimeError(f"expected one course_utils wheel in {out}, found {[w.name for w in wheels]}")
+        raise ScaffoldError(f"expected one course_utils wheel in {out}, found {[w.name for w in wheels]}.",
+                            "remove the other wheels from it, then build again (make dist)")
     return wheels[0]
 
 
@@ -317,9 +344,10 @@ def build_zip(wheel: Path, out: Path, root: Path = ROOT) -> Path:
     and the bootstrap the wheel, one folder up."""
     files = sorted({p for g in ZIP_GLOBS for p in root.glob(g)})
     if not any(p.parent.name == "exercises" for p in files):
-        raise FileNotFoundError(f"no exercises under {root / 'exercises'}: run python -m course_utils.grading.generate")
+        raise ScaffoldError(f"no exercises under {root / 'exercises'} to put in the zip.",
+                            "python -m course_utils.grading.generate (exercises/ from solutions/)")
     path = out / f"{ZIP_TOP}.zip"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+    with replacing(path) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
         for p in files:
             z.write(p, f"{ZIP_TOP}/{p.relative_to(root).as_posix()}")
         z.write(root / BOOTSTRAP.name, f"{ZIP_TOP}/{BOOTSTRAP.name}")
@@ -337,15 +365,40 @@ def dist(out: Path = ROOT / "dist", root: Path = ROOT) -> tuple[Path, Path]:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m course_utils.hosted``: write or check the notebooks' setup cells, the tiers table,
-    or build the wheel and zip; returns 1 when ``--check-cells`` finds a stale cell, else 0."""
+    or build the wheel and zip; returns 1 when ``--check-cells`` finds a stale cell, 2 with a one-line
+    error and its fix (``--dist``'s folder checked before anything is done), else 0."""
     ap = argparse.ArgumentParser(prog="python -m course_utils.hosted", description=__doc__.split("\n")[0])
     ap.add_argument("--update-cells", action="store_true", help="write SETUP_CELL into every notebook")
     ap.add_argument("--check-cells", action="store_true", help="exit 1 if a notebook's setup cell is missing or stale")
     ap.add_argument("--tiers", action="store_true", help=f"rewrite the tiers block of {DOC.relative_to(ROOT)}")
     ap.add_argument("--dist", nargs="?", const=str(ROOT / "dist"), metavar="DIR", help="build the wheel and the zip")
     args = ap.parse_args(argv)
-    if not (args.update_cells or args.check_cells or args.tiers or args.dist):
+    if not (args.update_cells or args.check_cells or args.tiers or args.dist is not None):
         ap.error("nothing to do: give --update-cells, --check-cells, --tiers or --dist")
+    try:
+        return _run(args)
+    except CourseError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def _dist_folder(dist: str) -> Path:
+    """``--dist DIR`` made before anything is done, or ``ScaffoldError`` naming why it cannot be."""
+    fix = "give a folder that exists or can be created, e.g. --dist dist"
+    if not dist.strip():
+        raise ScaffoldError("--dist '' names no folder.", fix)
+    try:
+        Path(dist).mkdir(parents=True, exist_ok=True)
+    except ValueError as err:  # a NUL character
+        raise ScaffoldError(f"--dist {dist!r}: {err}.", fix) from None
+    except OSError as err:
+        why = write_error(dist, err)
+        raise ScaffoldError(f"--dist {dist!r}: {str(why)[:-len(f' Fix: {why.fix}')]}", why.fix) from None
+    return Path(dist)
+
+
+def _run(args: argparse.Namespace) -> int:
+    dist_out = _dist_folder(args.dist) if args.dist is not None else None  # before any other action
     if args.update_cells:
         changed = update_cells()
         print(f"setup cell written into {len(changed)} notebook(s)" + (f": {', '.join(changed)}" if changed else ""))
@@ -356,8 +409,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     if args.tiers:
         print(f"{DOC.relative_to(ROOT)}: " + ("tiers table rewritten" if update_tiers() else "tiers table up to date"))
-    if args.dist:
-        wheel, zpath = dist(Path(args.dist))
+    if dist_out is not None:
+        wheel, zpath = dist(dist_out)
         print(f"wheel: {wheel}\nzip:   {zpath} (notebooks, exercises, docs, its own README, course_setup.py and the wheel)")
     return 0
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from course_utils import hosted, recorded
+from course_utils.checks import ScaffoldError
 from course_utils.layout import exercise_name
 from course_utils.markdown import links
 
@@ -216,6 +217,36 @@ def test_a_missing_stale_or_late_cell_is_named_with_its_fix(tmp_path):
     hosted.update_cells(root)  # the fix puts the first two right (exercises: after the generator)
     left = hosted.cell_problems(root)
     assert not any("05_inplace_relu" in p for p in left)
+
+
+def test_a_notebook_that_is_not_json_is_named_and_no_cell_is_written_before(tmp_path):
+    """Issue 43: --update-cells wrote the notebooks before a truncated one, then stopped at it with
+    a JSONDecodeError that named no file; --check-cells stopped there too."""
+    root = _copy(tmp_path)
+    _edit(root / "notebooks/05_inplace_relu.ipynb", lambda nb: nb["cells"].pop(hosted.setup_cell_index(nb)))
+    before = (root / "notebooks/05_inplace_relu.ipynb").read_bytes()
+    (root / "solutions/07_checkpointing.ipynb").write_text('{"cells": [{"cell_type": "markd')
+    with pytest.raises(ScaffoldError, match=r"solutions/07_checkpointing.ipynb should be a notebook.*cut short.*Fix:"):
+        hosted.update_cells(root)
+    assert (root / "notebooks/05_inplace_relu.ipynb").read_bytes() == before
+    problems = hosted.cell_problems(root)
+    assert any(p.startswith("solutions/07_checkpointing.ipynb should be a notebook") for p in problems), problems
+    assert any(p.startswith("notebooks/05_inplace_relu.ipynb: no setup cell") for p in problems), problems
+
+
+def test_the_commands_dist_folder_is_checked_before_anything_is_done(tmp_path, monkeypatch, capsys):
+    """Issue 43: `--update-cells --dist FILE` rewrote the notebooks, then failed at the folder;
+    `--dist ''` was taken for no --dist at all."""
+    def nothing_yet(*args, **kwargs):  # noqa: ARG001 - stands in for every action
+        raise AssertionError("an action ran before --dist's folder was checked")
+    for name in ("update_cells", "cell_problems", "update_tiers", "dist"):
+        monkeypatch.setattr(hosted, name, nothing_yet)
+    (tmp_path / "a_file").write_text("x")
+    for folder in (str(tmp_path / "a_file"), str(tmp_path / "a_file" / "dist"), "", "x\0y"):
+        assert hosted.main(["--update-cells", "--check-cells", "--dist", folder]) == 2, folder
+        err = capsys.readouterr().err
+        assert err.startswith("error: --dist ") and len(err.strip().splitlines()) == 1 and "Fix:" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
 
 
 def test_update_inserts_after_the_title_once_and_keeps_the_files_style():
