@@ -180,9 +180,11 @@ def _output_folder(out: str | Path) -> Path:
         if not os.access(path, os.W_OK):
             raise PermissionError(errno.EACCES, "Permission denied")
     except (OSError, ValueError) as err:  # ValueError: a NUL character in the path
-        why = str(write_error(path, err)) if isinstance(err, OSError) else f"{err}"
-        raise TechniqueError(f"benchmark.run: out={str(out)!r} cannot be the results' folder: {why}",
-                             "pass out as a folder that exists or can be created, e.g. 'benchmarks/results'.") from None
+        fix = "pass out as a folder that exists or can be created, e.g. 'benchmarks/results'."
+        why = write_error(path, err) if isinstance(err, OSError) else None
+        raise TechniqueError(f"benchmark.run: out={str(out)!r} cannot be the results' folder: "
+                             + (str(why)[:-len(f" Fix: {why.fix}")] if why else f"{err}."),
+                             f"{why.fix}; or {fix}" if why else fix) from None
     return path
 
 
