@@ -25,7 +25,6 @@ PyTorch's ``torch.utils.checkpoint`` does the work; this module adds what a cour
 from __future__ import annotations
 
 import contextlib
-import json
 import statistics
 import time
 from dataclasses import dataclass
@@ -44,7 +43,7 @@ from .amp_rules import autocast_rules
 from .checks import TechniqueError, guard
 from .cost import ElementwiseBytes, SaveOnCpuMeter
 from .memory import catch_oom, cuda_peak, default_dtype, predict_step, require_cuda, target_spec
-from .recorded import ONLY_STEP, benchmark_files
+from .recorded import ONLY_STEP, benchmark_records
 from .train import training_step
 
 _CONV_OPS = {torch.ops.aten.convolution.default, torch.ops.aten.cudnn_convolution.default}
@@ -685,11 +684,10 @@ def recorded_benchmarks(net: str = "large", techniques: Sequence[str] | None = R
     import pandas as pd
 
     rows = []
-    for path in benchmark_files(net, folder):
-        data = json.loads(path.read_text())
+    for path, data in benchmark_records(net, folder):  # one that cannot be read: skipped, with a warning
         run = path.parent.parent.name if path.parent.name == "details" else path.parent.name
         meta = data["meta"]
-        by_technique = {r["technique"]: r for r in data["rows"] if r.get("net") == net}
+        by_technique = {r.get("technique"): r for r in data["rows"] if r.get("net") == net}
         base = by_technique.get("baseline fp32")
         if base is None or base.get("step s") is None:
             continue

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from typing import Callable, Sequence
 
 import torch
@@ -41,10 +40,10 @@ from torch.nn import functional as F
 
 from . import session_cache
 from .checkpointing import checkpointed
-from .checks import NetworkError, guard
+from .checks import NetworkError, RecordError, guard
 from .memory import predict_step
 from .memory.meters import storage_key
-from .recorded import runs_folder
+from .recorded import kit_results, run_label
 
 #: DenseNet-169 (torchvision's densenet169): growth 32, blocks (6, 12, 32, 32), bn_size 4,
 #: 64 initial features, compression 0.5
@@ -312,20 +311,18 @@ def recorded_kit_rows(task: str = KIT_TASK, folder=None):
     context the run measured at its start); an empty one if no run finished the task."""
     import pandas as pd
 
-    root = runs_folder(folder)
-    found = []
-    for path in sorted(root.glob("*/kit.json")):
-        data = json.loads(path.read_text())
-        t = next((t for t in data.get("tasks", []) if t.get("name") == task and t.get("status") == "done"), None)
-        if t is not None:
-            found.append((data["machine"], t["result"]["rows"]))
+    found = kit_results(task, folder)
     if not found:
         return pd.DataFrame()
-    machine, rows = max(found, key=lambda f: f[0]["date"])
+    machine, result, path = found[-1]
+    rows = result.get("rows")
+    needed = {"case", "measured peak MiB", "predicted peak MiB"}
+    if not (isinstance(rows, list) and rows and all(isinstance(r, dict) and needed <= r.keys() for r in rows)):
+        raise RecordError(f"{path}: task {task!r} is done but its rows lack {sorted(needed)}.",
+                          f"restore it (`git checkout -- {path}`), or run the kit's task again.")
     df = pd.DataFrame(rows).set_index("case")
     df["measured / predicted"] = (df["measured peak MiB"] / df["predicted peak MiB"]).round(3)
-    df.attrs.update({"run": f"{machine['gpu']}, {machine['date']}, torch {machine['torch']}",
-                     "context MiB": machine.get("context MiB")})
+    df.attrs.update({"run": run_label(machine), "context MiB": machine.get("context MiB")})
     return df
 
 

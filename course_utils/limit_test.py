@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from . import recorded
-from .checks import TechniqueError, guard
+from .checks import RecordError, TechniqueError, guard
+from .files import read_json, skipped
 from .memory import MiB, SavedTensor, largest_that_fits, measure_step, predict_step, require_cuda, storage_key
 
 #: Seed 003's measurements (MB as read off nvidia-smi, CUDA context included): N -> (forward,
@@ -155,6 +156,10 @@ def seed003_forward_table(ns=None):
 # --------------------------------------------------------------------------------------------
 # The step on a real card: what the course's GPU runs measured (docs/gpu-runs/)
 # --------------------------------------------------------------------------------------------
+_LIMIT_KEYS = {"N", "measured peak MiB", "measured after forward MiB", "predicted peak MiB", "predicted after forward MiB"}
+_OP_KEYS = {"op", "peak", "before", "transient"}
+
+
 def recorded_backward_excess(folder=None):
     """Seed 003's step as the course's GPU runs measured it at N = 128, 256, 384: the H100 run's
     ``limit.json`` and the kit's ``examples/seed003`` task in each ``kit.json`` under
@@ -163,26 +168,27 @@ def recorded_backward_excess(folder=None):
     measured and predicted, and their difference in input volumes (4 N^3 bytes). A difference of
     two rises cancels what was allocated before the step (65 MiB on the H200 run). A pandas
     DataFrame, one row per run and N; empty without a recorded run."""
-    import json
-
     import pandas as pd
 
-    folder = recorded.runs_folder(folder)
     found = []
-    for path in sorted(folder.glob("*/limit.json")):
-        data = json.loads(path.read_text())
-        found.append((data["machine"], data.get("limit") or []))
-    for path in sorted(folder.glob("*/kit.json")):
-        data = json.loads(path.read_text())
-        task = next((t for t in data.get("tasks", []) if t["name"] == "examples/seed003" and t.get("result")), None)
-        if task is not None:
-            found.append((data["machine"], task["result"]["rows"]))
+    for path in sorted(recorded.runs_folder(folder).glob("*/limit.json")):  # the first run's own file
+        try:
+            machine, _ = recorded.kit_machine(path)
+            data = read_json(path, "the first GPU run's limit.json", f"restore it (`git checkout -- {path}`)")
+        except RecordError as err:
+            skipped(err)
+            continue
+        found.append((machine, data.get("limit") or [], path))
+    found += [(m, result.get("rows") or [], path) for m, result, path in recorded.kit_results("examples/seed003", folder)]
     rows = []
-    for m, limit_rows in found:
+    for m, limit_rows, path in found:
         for r in limit_rows:
+            if not (isinstance(r, dict) and _LIMIT_KEYS <= r.keys()):
+                raise RecordError(f"{path}: a row of seed 003's limit lacks {sorted(_LIMIT_KEYS - set(r) if isinstance(r, dict) else _LIMIT_KEYS)}.",
+                                  f"restore it (`git checkout -- {path}`), or run the kit's task again.")
             measured = r["measured peak MiB"] - r["measured after forward MiB"]
             predicted = r["predicted peak MiB"] - r["predicted after forward MiB"]
-            rows.append({"GPU run": f"{m['gpu']}, {m['date']}, torch {m['torch']}", "N": r["N"],
+            rows.append({"GPU run": recorded.run_label(m), "N": r["N"],
                          "backward adds, measured MiB": measured, "backward adds, predicted MiB": predicted,
                          "extra / input volume": (measured - predicted) * MiB / input_bytes(r["N"])})
     return pd.DataFrame(rows)
@@ -196,26 +202,30 @@ def recorded_diagnosis(folder=None):
     what the convolutions' backward allocated and freed inside themselves (their transients: a
     workspace). A pandas DataFrame, one row per setting, ``attrs["run"]`` naming the run; empty
     without a recording."""
-    import json
-
     import pandas as pd
 
-    folder = recorded.runs_folder(folder)
-    found = sorted(folder.glob("*/details/diagnose-seed003.json"))
+    found = sorted(recorded.runs_folder(folder).glob("*/details/diagnose-seed003.json"))
     if not found:
         return pd.DataFrame()
     path = found[-1]
+    fix = f"restore it (`git checkout -- {path}`), or run the kit's diagnosis again"
     rows = {}
-    for setting, ops in json.loads(path.read_text()).items():
-        if not (isinstance(ops, list) and ops and "transient" in ops[0]):
+    for setting, ops in read_json(path, "the GPU kit's op-by-op diagnosis", fix).items():
+        if not (isinstance(ops, list) and ops and all(isinstance(o, dict) for o in ops) and "transient" in ops[0]):
             continue  # "blocks at the peak": the allocator's blocks, not an op list
+        if not all(_OP_KEYS <= o.keys() for o in ops):
+            raise RecordError(f"{path}: an op of setting {setting!r} lacks one of {sorted(_OP_KEYS)}.", fix)
         rows[setting] = {"peak above the step's start MiB": (max(o["peak"] for o in ops) - ops[0]["before"]) / MiB,
                          "convolution backward transients MiB": sum(o["transient"] for o in ops
                                                                      if "convolution_backward" in o["op"]) / MiB}
     table = pd.DataFrame.from_dict(rows, orient="index")
     kit = path.parent.parent / "kit.json"
-    m = json.loads(kit.read_text())["machine"] if kit.exists() else {}
-    table.attrs["run"] = f"{m.get('gpu', path.parent.parent.name)}, {m.get('date', '?')}, torch {m.get('torch', '?')}"
+    try:  # the label only: what the kit says of its machine, else the run's folder name
+        m = read_json(kit, "a GPU kit's record (kit.json)").get("machine")
+    except RecordError:
+        m = None
+    m = m if isinstance(m, dict) else {"gpu": path.parent.parent.name}
+    table.attrs["run"] = recorded.run_label(m)
     return table
 
 

@@ -588,6 +588,33 @@ def benchmark_files(net: str = "*", folder: str | Path | None = None, run: str =
     return sorted([*root.glob(f"{run}/benchmark-{net}.json"), *root.glob(f"{run}/details/benchmark-{net}-*.json")])
 
 
+def kit_results(task: str, folder: str | Path | None = None) -> list[tuple[dict[str, str], dict[str, Any], Path]]:
+    """``(machine, result, path)`` of every GPU run under ``runs_folder(folder)`` whose kit
+    finished ``task`` (its ``kit.json`` says ``"status": "done"`` with a result), oldest first by
+    the machine's date. A ``kit.json`` that cannot be read, or that lacks its machine, is skipped
+    with a warning naming it and the fix (the others still serve)."""
+    found = []
+    for path in sorted(runs_folder(folder).glob("*/kit.json")):
+        fix = _RUN_FIX.replace("FILE", str(path))
+        try:
+            data = read_json(path, "a GPU kit's record (kit.json)", fix)
+            machine = _machine(data.get("machine"), f"{path}'s machine", fix)
+        except RecordError as err:
+            skipped(err)
+            continue
+        tasks = data.get("tasks") if isinstance(data.get("tasks"), list) else []
+        done = next((t for t in tasks if isinstance(t, dict) and t.get("name") == task
+                     and t.get("status") == "done" and isinstance(t.get("result"), dict)), None)
+        if done is not None:
+            found.append((machine | {"context MiB": data["machine"].get("context MiB")}, done["result"], path))
+    return sorted(found, key=lambda f: f[0]["date"])
+
+
+def run_label(machine: dict[str, Any]) -> str:
+    """A GPU run's label as the notebooks print it: "GPU, date, torch VERSION"."""
+    return f"{machine.get('gpu', '?')}, {machine.get('date', '?')}, torch {machine.get('torch', '?')}"
+
+
 def gpu_runs(folder: str | Path | None = None, step: tuple[str, str] = STEP) -> list[GpuRun]:
     """Every GPU run recorded under ``folder`` (by default ``docs/gpu-runs/`` beside
     ``recorded_folder()``), oldest first: the folders of one run (one GPU, one day, one torch: the

@@ -644,8 +644,8 @@ def test_recorded_backward_excess_reads_both_kinds_of_gpu_record(tmp_path):
     (tmp_path / "a" / "limit.json").write_text(json.dumps({"machine": machine, "limit": [row]}))
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "kit.json").write_text(json.dumps({"machine": {**machine, "gpu": "H"}, "tasks": [
-        {"name": "examples/densenet", "result": {"rows": []}},
-        {"name": "examples/seed003", "result": {"rows": [{**row, "N": 256, "measured peak MiB": 1984.0 + 384 + 65,
+        {"name": "examples/densenet", "status": "done", "result": {"rows": []}},
+        {"name": "examples/seed003", "status": "done", "result": {"rows": [{**row, "N": 256, "measured peak MiB": 1984.0 + 384 + 65,
                                                            "predicted peak MiB": 1984.0,
                                                            "predicted after forward MiB": 960.0,
                                                            "measured after forward MiB": 1025.0}]}}]}))

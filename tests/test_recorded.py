@@ -384,3 +384,48 @@ def test_merged_skips_a_figure_file_cut_short_and_refuses_a_folder_of_none(tmp_p
     (tmp_path / "00__a.json").unlink()
     with pytest.warns(SkippedFile), pytest.raises(RecordError, match="no readable recorded figures.*Fix:"):
         recorded.merged(tmp_path)
+
+
+def _kit(folder, name, gpu, date, tasks):
+    (folder / name).mkdir(parents=True)
+    machine = {"gpu": gpu, "date": date, "torch": "2.13", "cuda": "13"}
+    (folder / name / "kit.json").write_text(json.dumps({"machine": machine, "tasks": tasks}))
+
+
+def test_a_damaged_kit_record_is_skipped_by_every_reader_of_kit_tasks(tmp_path):
+    """A kit.json cut short (a full disk, a bad merge) used to stop densenet.recorded_kit_rows,
+    limit_test.recorded_backward_excess and recorded_diagnosis with a JSONDecodeError naming no
+    file; the two readers of "the newest run that finished a task" also disagreed on "finished"
+    (status "done" for one, any result for the other). recorded.kit_results is now the one
+    reader: a damaged record is skipped with a warning naming it, the others still serve."""
+    from course_utils import densenet, limit_test
+
+    row = {"case": "naive fp32", "predicted peak MiB": 100.0, "measured peak MiB": 101.0}
+    seed003 = {"N": 128, "predicted peak MiB": 248.0, "predicted after forward MiB": 120.0,
+               "measured peak MiB": 361.0, "measured after forward MiB": 185.0}
+    _kit(tmp_path, "2026-01-01-g", "G", "2026-01-01",
+         [{"name": densenet.KIT_TASK, "status": "done", "result": {"rows": [row]}},
+          {"name": "examples/seed003", "status": "done", "result": {"rows": [seed003]}}])
+    _kit(tmp_path, "2026-01-02-h", "H", "2026-01-02",
+         [{"name": "examples/seed003", "status": "timeout", "result": {"rows": [seed003]}}])  # not finished
+    (tmp_path / "2026-01-03-x").mkdir()
+    (tmp_path / "2026-01-03-x" / "kit.json").write_text('{"machine": {"gpu": "X"')  # cut short
+    with pytest.warns(SkippedFile, match="2026-01-03-x/kit.json"):
+        table = densenet.recorded_kit_rows(folder=tmp_path)
+    assert table.attrs["run"] == "G, 2026-01-01, torch 2.13" and list(table.index) == ["naive fp32"]
+    with pytest.warns(SkippedFile, match="2026-01-03-x/kit.json"):
+        excess = limit_test.recorded_backward_excess(tmp_path)
+    assert list(excess["GPU run"]) == ["G, 2026-01-01, torch 2.13"]  # H's task timed out
+
+
+def test_a_damaged_diagnosis_names_its_file_and_the_fix(tmp_path):
+    from course_utils import limit_test
+
+    details = tmp_path / "2026-01-01-g" / "details"
+    details.mkdir(parents=True)
+    (details / "diagnose-seed003.json").write_text('{"cuDNN default": [{"op": "aten.conv')
+    with pytest.raises(RecordError, match=r"diagnose-seed003\.json.*Fix: restore it"):
+        limit_test.recorded_diagnosis(tmp_path)
+    (details / "diagnose-seed003.json").write_text(json.dumps({"cuDNN default": [{"op": "x", "transient": 1}]}))
+    with pytest.raises(RecordError, match="lacks one of"):
+        limit_test.recorded_diagnosis(tmp_path)
