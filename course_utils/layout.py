@@ -10,10 +10,10 @@ module, and ``notebook_title`` reads a lesson's title (the README tables, the zi
 
 from __future__ import annotations
 
-import json
 from pathlib import Path, PurePath
 
 from .checks import ScaffoldError, guard
+from .files import read_json
 
 #: what an exercise's file name adds to its lesson's stem
 EXERCISE_SUFFIX = "_exercise"
@@ -33,9 +33,16 @@ def exercise_name(name: str | PurePath) -> str:
 
 
 def notebook_title(path: str | Path) -> str:
-    """A notebook's title from its first cell's first line: '# 05 · In-place ReLU' -> 'In-place ReLU'."""
-    source = json.loads(Path(path).read_text(encoding="utf-8"))["cells"][0]["source"]
-    return "".join(source).splitlines()[0].lstrip("# ").split("·", 1)[-1].strip()
+    """A notebook's title from its first cell's first line: '# 05 · In-place ReLU' -> 'In-place ReLU'.
+    A file that is not such a notebook: ``RecordError`` (unreadable) or ``ScaffoldError`` (no title)."""
+    nb = read_json(path, "a notebook", "restore it (`git checkout -- FILE`), or open and save it in JupyterLab")
+    cells = nb.get("cells")
+    source = cells[0].get("source") if isinstance(cells, list) and cells and isinstance(cells[0], dict) else None
+    text = "".join(source) if isinstance(source, list) else source
+    if not isinstance(text, str) or not text.strip():
+        raise ScaffoldError(f"{path} has no title: its first cell is not a line '# NN · Title'.",
+                            "start the notebook with a markdown cell '# NN · Title'.")
+    return text.splitlines()[0].lstrip("# ").split("·", 1)[-1].strip()
 
 
 guard(globals(), ScaffoldError)

@@ -1,9 +1,12 @@
 """course_utils.layout: a lesson, its exercise and its solution have names JupyterLab's tabs tell apart."""
 
+import json
 from pathlib import Path
 
-import json
+import pytest
 
+from course_utils import layout
+from course_utils.checks import RecordError, ScaffoldError
 from course_utils.layout import EXERCISE_SUFFIX, exercise_name, lesson_stem, notebook_title
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,3 +36,19 @@ def test_a_title_is_the_first_heading_without_its_number(tmp_path):
         path = tmp_path / "nb.ipynb"
         path.write_text(json.dumps({"cells": [{"cell_type": "markdown", "source": [first]}]}))
         assert notebook_title(path) == title
+
+
+@pytest.mark.parametrize("content, error, words", [
+    ('{"cells": [{"source": ["# 05 · In-place', RecordError, "cut short"),  # a save interrupted
+    ('[]', RecordError, r"is a list \(\[...\]\), not an object"),
+    ('{"cells": []}', ScaffoldError, "has no title"),
+    ('{"cells": [{"source": 5}]}', ScaffoldError, "has no title"),
+])
+def test_a_notebook_without_a_readable_title_is_named_with_the_fix(tmp_path, content, error, words):
+    """Before: a KeyError, IndexError or JSONDecodeError that named no file (the site, the
+    scaffold and the release read every title through notebook_title)."""
+    path = tmp_path / "05_x.ipynb"
+    path.write_text(content)
+    with pytest.raises(error, match=words) as info:
+        layout.notebook_title(path)
+    assert str(path) in str(info.value) and "Fix:" in str(info.value)

@@ -36,7 +36,6 @@ import argparse
 import ast
 import contextlib
 import io
-import json
 import re
 import shutil
 import string
@@ -46,6 +45,7 @@ from pathlib import Path
 import nbformat
 import torch
 
+from ..files import read_json
 from ..layout import exercise_name, lesson_stem
 from ..markdown import CODE, links
 from ..session_cache import shared
@@ -300,9 +300,12 @@ def write_readme(out: Path, root: Path = ROOT) -> Path:
     timing = ""
     timings = root / "results" / "timings.json"
     if timings.exists():
-        data = json.loads(timings.read_text())
-        seconds = sum(r.get("notebooks", 0) for r in data["rows"].values())
-        cores = data.get("meta", {}).get("cores")
+        data = read_json(timings, "the notebooks' timings", "measure them again: `python -m course_utils.readme "
+                         "--render --timings`, or restore it (`git checkout -- FILE`)")
+        rows = data.get("rows") if isinstance(data.get("rows"), dict) else {}
+        seconds = sum(r.get("notebooks", 0) for r in rows.values()
+                      if isinstance(r, dict) and isinstance(r.get("notebooks", 0), (int, float)))
+        cores = data.get("meta", {}).get("cores") if isinstance(data.get("meta"), dict) else None
         on = f"a {cores}-core CPU" if cores else "a CPU"
         timing = (f"\nOne after the other, the notebooks run in about {max(1, round(seconds / 60))} minutes on "
                   f"{on} at the `tiny` preset, the exercises in less; `make test` spreads them over every\n"
