@@ -27,7 +27,7 @@ Where things are (every name below is also importable from ``course_utils.tiling
 * ``halo``    -- the derivation: ``conv_chain`` (``ConvChain``, ``Layer``), ``probe_halo``,
   ``TilingError``, and the module kinds it knows (``POINTWISE``, ``CONVS``, ``BATCHNORMS``,
   ``DROPOUTS``) or refuses (``WHOLE_VOLUME_NORMS``, ``RESAMPLING``);
-* ``plan``    -- ``plan_tiles`` and ``Tile``: what each slab owns and reads;
+* ``plan``    -- ``plan_tiles`` and ``Tile``: what each slab owns and reads (``MAX_TILES`` at once);
 * ``step``    -- running a chain on a slab (``run_chain``, ``region``, ``work_factor``) and the
   training step (``tiled_step``, ``TiledStep``), with the untiled reference (``full_step``,
   ``grads_of``, ``compare_with_untiled``); its docstring explains the zero padding at the
@@ -56,7 +56,7 @@ from .halo import (
     conv_chain,
     probe_halo,
 )
-from .plan import Tile, plan_tiles
+from .plan import MAX_TILES, Tile, plan_tiles
 from .plots import draw_memory_vs_n, draw_shrinking, draw_tiles, seed003_table
 from .predict import largest_tiled_n, predict_tiled_step, representative
 from .step import TiledStep, compare_with_untiled, full_step, grads_of, region, run_chain, tiled_step, work_factor
@@ -67,7 +67,7 @@ __all__ = [
     "measure_seed003_cuda", "measure_tiled_step",
     "BATCHNORMS", "CONVS", "DROPOUTS", "POINTWISE", "RESAMPLING", "WHOLE_VOLUME_NORMS", "ConvChain",
     "Layer", "TilingError", "conv_chain", "probe_halo",
-    "Tile", "plan_tiles",
+    "MAX_TILES", "Tile", "plan_tiles",
     "draw_memory_vs_n", "draw_shrinking", "draw_tiles", "seed003_table",
     "largest_tiled_n", "predict_tiled_step", "representative",
     "TiledStep", "compare_with_untiled", "full_step", "grads_of", "region", "run_chain", "tiled_step",
