@@ -796,4 +796,4 @@ def measured_check(world: int = 2, image: Sequence[int] = (128, 64), batch: int 
     return df
 
 
-guard(globals(), ParallelError)
+guard(globals(), ParallelError, signed=("offsets",))

@@ -34,7 +34,6 @@ controls with a stacked bar. How it stays fast enough to move a slider, and what
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -59,7 +58,7 @@ from .cost import (
 )
 from .inplace_abn import inplace_abn
 from .memory import GiB, MiB, default_dtype, predict_step, prime_optimizer
-from .recorded import benchmark_files
+from .recorded import benchmark_records
 from .train import training_step
 from .unet import SEED000_VARIANTS, UNet3D, bn_relu, bn_relu_inplace, default_channels
 
@@ -457,8 +456,7 @@ def recorded_benchmark(net: str = "large", runs_folder=None) -> RecordedBenchmar
     (``runs_folder``: default ``docs/gpu-runs/`` beside ``recorded.recorded_folder()``, which the
     learner's zip ships), or None."""
     found = []
-    for path in benchmark_files(net, runs_folder):
-        data = json.loads(path.read_text())
+    for _, data in benchmark_records(net, runs_folder):  # one that cannot be read: skipped, with a warning
         rows = [r for r in data["rows"] if r.get("measured peak MiB") is not None]
         if rows:
             found.append(RecordedBenchmark(data["meta"], benchmark_context_mib(data["meta"]), rows))

@@ -670,3 +670,21 @@ def test_recorded_benchmark_is_the_newest_measured_and_the_table_predicts_under_
         "largest batch in 1 GiB, measured": 5, "batch-2 peak predicted MiB": round(peak / MiB),
         "batch-2 peak measured MiB": 123, "measured / predicted": round(123 * MiB / peak, 2)}
     assert estimate(cfg, under).largest_batch != estimate(replace(cfg), replace(under, context_mib=0)).largest_batch
+
+
+def test_a_damaged_benchmark_record_is_skipped_by_recorded_benchmark(tmp_path):
+    """Before: explorer.recorded_benchmark read each record with json.loads, so one file cut short
+    stopped notebook 10's comparison with a JSONDecodeError naming no file."""
+    from course_utils import explorer
+    from course_utils.files import SkippedFile
+
+    run = tmp_path / "2026-01-01-g"
+    run.mkdir()
+    meta = {"device": "G", "date": "2026-01-01", "torch": "2.13", "cuda": "13", "model": "large"}
+    rows = [{"net": "large", "technique": "baseline fp32", "measured peak MiB": 100.0}]
+    (run / "benchmark-large.json").write_text(json.dumps({"meta": meta, "rows": rows}))
+    (tmp_path / "2026-01-02-h").mkdir()
+    (tmp_path / "2026-01-02-h" / "benchmark-large.json").write_text('{"meta": {"device": "H"')
+    with pytest.warns(SkippedFile, match="2026-01-02-h/benchmark-large.json"):
+        rec = explorer.recorded_benchmark("large", tmp_path)
+    assert rec is not None and rec.meta["device"] == "G"

@@ -171,4 +171,4 @@ def draw_memory_vs_n(budget_bytes: int, ns: Sequence[int] | None = None, ax=None
     return ax
 
 
-guard(globals(), TilingError)
+guard(globals(), TilingError, zero=("slab",))  # slab: an index
