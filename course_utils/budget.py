@@ -23,7 +23,6 @@ card needs more, and this module is the one place that says how much:
 
 from __future__ import annotations
 
-import json
 import math
 import numbers
 import os
@@ -31,9 +30,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .checks import TechniqueError, guard
+from .checks import RecordError, TechniqueError, guard
+from .files import read_json, skipped
 from .memory import MiB
-from .recorded import benchmark_files, lookup
+from .recorded import benchmark_records, kit_machine, lookup, run_label
 from .recorded import runs_folder as recorded_runs
 
 
@@ -103,8 +103,15 @@ def measured_overheads() -> Overheads | None:
     ctx = lookup("00/cuda_context")
     if ctx is None:
         return None
-    return Overheads(float(ctx.value["context_MiB"]), ASSUMED_SLACK,
-                     f"context measured, slack assumed: CUDA context {float(ctx.value['context_MiB']):.0f} MiB "
+    mib = ctx.value.get("context_MiB") if isinstance(ctx.value, dict) else None
+    if not (isinstance(mib, numbers.Real) and not isinstance(mib, bool) and 0 < mib < math.inf):
+        skipped(RecordError(f"the recorded figure 00/cuda_context ({ctx.label}) has no context_MiB "
+                            f"that is a positive number: {mib!r}; the assumed context serves instead.",
+                            "record it again on a GPU (notebook 00), or restore recorded/ "
+                            "(`git checkout -- recorded`)."))
+        return None
+    return Overheads(float(mib), ASSUMED_SLACK,
+                     f"context measured, slack assumed: CUDA context {float(mib):.0f} MiB "
                      f"{ctx.label}; {_slack_source()}")
 
 
@@ -159,10 +166,6 @@ def benchmark_context_mib(meta: dict) -> float | None:
     return float(found.group(1)) if found else None
 
 
-def _run_label(m: dict) -> str:
-    return f"{m.get('gpu') or m.get('device')}, {m['date']}, torch {m['torch']}"
-
-
 def context_readings(runs_folder: str | Path | None = None) -> list[ContextReading]:
     """Every CUDA context the GPU runs recorded under ``runs_folder`` (default: ``docs/gpu-runs/``
     beside ``recorded_folder()``) measured, each once, lowest first: at a kit's start
@@ -176,21 +179,24 @@ def context_readings(runs_folder: str | Path | None = None) -> list[ContextReadi
 
     def add(mib: float | None, meta: dict, when: str) -> None:
         if mib is not None:
-            r = ContextReading(round(float(mib), 1), _run_label(meta), when)
+            r = ContextReading(round(float(mib), 1), run_label(meta), when)
             found.setdefault((round(r.mib), r.run, r.when), r)
 
-    start = "at the kit's start, after a first convolution"
-    for path in sorted(folder.glob("*/kit.json")):
-        m = json.loads(path.read_text())["machine"]
-        add(m.get("context MiB"), m, start)
-    for path in sorted(folder.glob("*/limit.json")):
-        data = json.loads(path.read_text())
-        add(data.get("overheads", {}).get("context MiB"), data["machine"],
-            "in the kit's limit step, after a first convolution")
-    for path in benchmark_files(folder=folder):
-        meta = json.loads(path.read_text())["meta"]
+    for path in sorted(folder.glob("*/kit.json")) + sorted(folder.glob("*/limit.json")):
+        try:
+            machine, mib = kit_machine(path)  # kit.json: its machine's reading
+            if path.name == "limit.json":  # the first run's: its limit step's own reading
+                over = read_json(path).get("overheads")
+                mib = over.get("context MiB") if isinstance(over, dict) else None
+        except RecordError as err:  # the others still serve
+            skipped(err)
+            continue
+        add(mib if isinstance(mib, numbers.Real) and math.isfinite(mib) and mib > 0 else None, machine,
+            "at the kit's start, after a first convolution" if path.name == "kit.json"
+            else "in the kit's limit step, after a first convolution")
+    for path, data in benchmark_records(folder=folder):  # one that cannot be read: skipped, with a warning
         net = path.stem.split("-")[1]
-        add(benchmark_context_mib(meta), meta, f"before the benchmark of the {net} net")
+        add(benchmark_context_mib(data["meta"]), data["meta"], f"before the benchmark of the {net} net")
     return sorted(found.values(), key=lambda r: r.mib)
 
 

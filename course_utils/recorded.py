@@ -611,8 +611,10 @@ def kit_results(task: str, folder: str | Path | None = None) -> list[tuple[dict[
 
 
 def run_label(machine: dict[str, Any]) -> str:
-    """A GPU run's label as the notebooks print it: "GPU, date, torch VERSION"."""
-    return f"{machine.get('gpu', '?')}, {machine.get('date', '?')}, torch {machine.get('torch', '?')}"
+    """A GPU run's label as the notebooks print it: "GPU, date, torch VERSION" (a kit's machine
+    names its ``gpu``, a benchmark's meta its ``device``)."""
+    gpu = machine.get("gpu") or machine.get("device") or "?"
+    return f"{gpu}, {machine.get('date', '?')}, torch {machine.get('torch', '?')}"
 
 
 def gpu_runs(folder: str | Path | None = None, step: tuple[str, str] = STEP) -> list[GpuRun]:

@@ -688,3 +688,36 @@ def test_a_damaged_benchmark_record_is_skipped_by_recorded_benchmark(tmp_path):
     with pytest.warns(SkippedFile, match="2026-01-02-h/benchmark-large.json"):
         rec = explorer.recorded_benchmark("large", tmp_path)
     assert rec is not None and rec.meta["device"] == "G"
+
+
+@pytest.mark.parametrize("context", [float("nan"), -5, "629", None])
+def test_a_recorded_context_that_is_not_a_positive_number_falls_back_to_the_assumed_with_a_warning(
+        monkeypatch, tmp_path, context):
+    """Before: a NaN, negative or text context_MiB in recorded/ became the budget of every
+    estimate (NaN: no batch fits; "629": a ValueError naming no file). Now the assumed context
+    serves, with a warning naming the figure and the fix."""
+    from course_utils import recorded
+    from course_utils.files import SkippedFile
+
+    monkeypatch.setenv(recorded.SHOW_ENV_VAR, str(tmp_path / "recorded"))
+    figures = {"00/cuda_context": {"kind": "json", "data": {"context_MiB": context, "method": "test"}}}
+    (tmp_path / "recorded").mkdir()
+    (tmp_path / "recorded" / "GPU.json").write_text(json.dumps(
+        {"meta": {"gpu": "Some GPU", "torch": "2.x", "cuda": "13.0", "date": "2026-01-02"}, "figures": figures}))
+    with pytest.warns(SkippedFile, match=r"00/cuda_context .*Fix: record it again"):
+        over = budget.overheads()
+    assert over.context_mib == budget.ASSUMED_CONTEXT_MIB and "assumed" in over.source
+
+
+def test_a_damaged_kit_record_leaves_the_other_context_readings(tmp_path):
+    run = tmp_path / "2026-01-02-g"
+    run.mkdir()
+    machine = {"gpu": "G", "date": "2026-01-02", "torch": "2.x", "cuda": "13.0", "context MiB": 628.8}
+    (run / "kit.json").write_text(json.dumps({"machine": machine}))
+    (tmp_path / "2026-01-03-h").mkdir()
+    (tmp_path / "2026-01-03-h" / "kit.json").write_text("{")
+    from course_utils.files import SkippedFile
+
+    with pytest.warns(SkippedFile, match="2026-01-03-h/kit.json"):
+        readings = budget.context_readings(tmp_path)
+    assert [(r.mib, r.run) for r in readings] == [(628.8, "G, 2026-01-02, torch 2.x")]
