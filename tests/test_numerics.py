@@ -89,3 +89,22 @@ def test_running_statistics_of_no_values_are_refused():
     with pytest.raises(ParallelError, match="count=0.*Fix: "):
         update_running_stats(bn, torch.zeros(2), torch.ones(2), 0)
     assert torch.equal(bn.running_var, torch.ones(2)) and bn.num_batches_tracked == 0
+
+
+def test_combine_moments_gives_the_whole_from_parts_whose_means_differ():
+    """Without this test the mutant ``cross-replica-bn-var-within-only`` of tools/mutants.py (the
+    between-part term of Chan's formula dropped) survived test_numerics.py: parts with equal
+    means hide it, so these parts' means differ by far more than their spread."""
+    from course_utils.numerics import combine_moments
+
+    gen = torch.Generator().manual_seed(0)
+    parts = [torch.randn(n, 3, generator=gen, dtype=torch.float64) + offset
+             for n, offset in ((5, 0.0), (7, 10.0), (4, -3.0))]
+    counts = torch.tensor([[float(len(p))] for p in parts], dtype=torch.float64)
+    means = torch.stack([p.mean(0) for p in parts])
+    m2s = torch.stack([((p - p.mean(0)) ** 2).sum(0) for p in parts])
+    n, mean, var = combine_moments(counts, means, m2s)
+    whole = torch.cat(parts)
+    assert n.item() == 16
+    torch.testing.assert_close(mean, whole.mean(0))
+    torch.testing.assert_close(var, whole.var(0, unbiased=False))

@@ -19,6 +19,7 @@ numbers with relations between them) are in tests/test_properties_{numbers,files
 from __future__ import annotations
 
 import collections.abc
+import functools
 import importlib
 import inspect
 import math
@@ -190,9 +191,14 @@ def _positive(check: checks.Check, obj) -> bool:
 def _module_rule(obj, rule: str, name: str) -> bool:
     """Whether the module's guard line names ``name`` in ``rule`` (positive=, infinite=), read from
     its source, not from the guard."""
-    module = inspect.getmodule(obj)
-    line = re.search(r"^guard\(globals\(\).*$", Path(module.__file__).read_text(), re.M | re.S)
-    return bool(line and re.search(rf"{rule}=\([^)]*[\"']{re.escape(name)}[\"']", line.group(0)))
+    line = _guard_line(inspect.getmodule(obj).__file__)
+    return bool(line and re.search(rf"{rule}=\([^)]*[\"']{re.escape(name)}[\"']", line))
+
+
+@functools.cache
+def _guard_line(path: str) -> str | None:
+    found = re.search(r"^guard\(globals\(\).*$", Path(path).read_text(), re.M | re.S)
+    return found.group(0) if found else None
 
 
 def _admitted(value, check: checks.Check, obj) -> bool:

@@ -332,10 +332,10 @@ MUTANTS += [
       "a rank that failed because its peer closed the connection is treated as a cause",
       tests=(LAUNCH + "::test_a_rank_that_lost_its_peer_is_not_blamed_even_if_it_ended_first",)),
     # -- parallel: the demos' arithmetic ------------------------------------------------------
-    M("cross-replica-bn-var-within-only", PAR_DP,
-      "        var = (m2s + counts * (means - mean).square()).sum(0) / n",
-      "        var = m2s.sum(0) / n",
-      "CrossReplicaBatchNorm3d drops the between-rank term of Chan's variance formula"),
+    M("cross-replica-bn-var-within-only", NUM,
+      "    var = (m2s + counts * (means - mean).square()).sum(0) / n",
+      "    var = m2s.sum(0) / n",
+      "combine_moments (CrossReplicaBatchNorm3d's, GlobalBatchNorm's) drops the between-rank term of Chan's variance formula"),
     M("1f1b-warmup-one-more", PAR_PIPE,
       "    warm = min(stages - 1 - stage, m)",
       "    warm = min(stages - stage, m)",
@@ -355,7 +355,7 @@ MUTANTS += [
       tests=(PAR_TESTS + "::test_pipeline_layouts_1f1b_keeps_s_minus_stage_micro_batches",
              PAR_TESTS + "::test_pipeline_layouts_compare_like_with_like_and_count_buckets")),
     M("relative-error-absolute", NUM,
-      "    return diff / max(b.detach().abs().max().item() for b in ref)",
+      "    return diff / scale if scale else (0.0 if diff == 0 else math.inf)",
       "    return diff",
       "relative_error returns the absolute difference"),
     # -- numerics: BatchNorm's running statistics (tiling, spatial, CrossReplicaBatchNorm3d) ------
