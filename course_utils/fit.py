@@ -88,7 +88,6 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .amp_rules import autocast_rules
@@ -101,6 +100,7 @@ from .fit_model import (
     activation_modules,
     blocks,
     build_model,
+    check_loss,
     check_trainable,
     explain_failure,
     loss_function,
@@ -108,6 +108,8 @@ from .fit_model import (
     parse_shape,
     parse_techniques,
     resolve_builder,
+    target_for,
+    underlying,
     variant,
 )
 from .fit_report import BASELINE, FitReport, Row, by_module, peak_where
@@ -246,62 +248,10 @@ def _probe(build: Callable[[], nn.Module], input_shape: tuple[int, ...], loss: s
             return StepSpec(input_shape[1:], (), None, "none (inference)", loss_fn, shape, loop, cublas), info
         sel = _loss_input(out, loop, custom)
         out_shape = tuple(sel.shape) if isinstance(sel, torch.Tensor) else ()
-        tgt, n_classes = _target(loss_name, loss_fn, out_shape, target_shape, n_classes, custom)
+        tgt, n_classes = target_for(loss_name, loss_fn, out_shape, target_shape, n_classes, custom)
         y = torch.randint(0, n_classes, tgt) if n_classes else torch.randn(tgt)
-        _check_loss(loss_name, loss_fn, sel, out_shape, y, tgt)
+        check_loss(loss_name, loss_fn, sel, out_shape, y, tgt)
     return StepSpec(input_shape[1:], tgt[1:], n_classes, loss_name, loss_fn, out_shape, loop, cublas), info
-
-
-def _target(loss_name: str, loss_fn: Callable, out_shape: tuple[int, ...], target_shape: tuple[int, ...] | None,
-            n_classes: int | None, custom: bool) -> tuple[tuple[int, ...], int | None]:
-    """The target's shape and class count (None: float targets) for the loss and the output."""
-    classify = n_classes is not None or (loss_name == "cross_entropy" and loss_fn is F.cross_entropy)
-    if not out_shape and not custom:
-        raise FitError(f"the loss {loss_name} needs an output with the batch first, and the model returns a tensor "
-                       "of no dimensions (its loss already?). Fix: return one output per sample (batch, ...), or "
-                       "--loss MODULE:FUNCTION with --target-shape for a loss of your own on that output.")
-    if custom and not out_shape:  # a loss on the whole (non-tensor) output: the target is the user's to say
-        if target_shape is None:
-            raise FitError("a loss that takes the model's whole output needs the target's shape. Fix: "
-                           "--target-shape B,... (and --classes N for class indices).")
-        return tuple(target_shape), n_classes
-    if classify:
-        if len(out_shape) < 2:
-            raise FitError(f"{loss_name} needs logits of shape (batch, classes, ...), the model returns "
-                           f"{out_shape}. Fix: use --loss mse or bce for one output per sample, or give the "
-                           "model a class dimension.")
-        if n_classes is not None and n_classes != out_shape[1]:
-            raise FitError(f"--classes {n_classes} but the model's output {out_shape} has {out_shape[1]} "
-                           f"classes in dim 1. Fix: --classes {out_shape[1]} (or leave it out).")
-        n_classes = out_shape[1]
-        want = (out_shape[0], *out_shape[2:])
-    else:
-        want = out_shape
-    tgt = tuple(target_shape) if target_shape is not None else want
-    if tgt != want and not custom:
-        kind = "class indices (the output without its class dim)" if classify else "the output's shape"
-        raise FitError(f"target shape {tgt} does not match the model's output {out_shape} for {loss_name}: "
-                       f"it needs {kind}, {want}. Fix: --target-shape {','.join(map(str, want))} (or leave "
-                       "it out)" + ("" if classify else ", or use --loss cross_entropy for class labels") + ".")
-    return tgt, (n_classes if classify else None)
-
-
-def _check_loss(loss_name: str, loss_fn: Callable, sel: Any, out_shape: tuple[int, ...], y: torch.Tensor,
-                tgt: tuple[int, ...]) -> None:
-    """The loss runs, forward and backward, on the output and the target (fake tensors)."""
-    grad_in = torch.randn(out_shape, requires_grad=True) if out_shape else sel
-    try:
-        value = loss_fn(grad_in, y)
-        if not isinstance(value, torch.Tensor) or value.numel() != 1:
-            raise TypeError(f"it returned {type(value).__name__} {tuple(getattr(value, 'shape', ()))}, "
-                            "not a one-element tensor")
-        if value.requires_grad:
-            value.backward()
-    except Exception as e:
-        raise FitError(f"the loss {loss_name} refuses the model's output {out_shape or type(sel).__name__} with a "
-                       f"target {tgt} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). Fix: pick the "
-                       "loss that matches the output (--loss cross_entropy|mse|bce), pass --target-shape, or "
-                       "--output to pick the tensor the loss takes.") from e
 
 
 @dataclass(frozen=True)
@@ -354,6 +304,7 @@ class _BatchFailed(Exception):
     (batch / N per GPU) is refused with the reason."""
 
     def __init__(self, batch: int, error: BaseException):
+        error = underlying(error)
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
         self.batch, self.text = batch, f"{type(error).__name__}: {first[:160]}"
         super().__init__(f"the step fails at batch {batch} ({self.text})")
@@ -364,16 +315,21 @@ _FIXED_BATCH = ("does the forward fix the batch size (e.g. x.reshape(8, -1))? Fi
                 "(x.reshape(x.shape[0], -1), x.flatten(1))")
 
 
+def _time_card(name: Any) -> Any:
+    """``cost.card(name)``, an unknown name a FitError with the command line's option."""
+    try:
+        return card(name)
+    except ValueError as e:  # cost.card names the choices
+        raise FitError(str(e).split(" Fix: ")[0], f"--time-card one of {', '.join(CARDS)}.") from None
+
+
 class _Fitter:
     """One report's predictions and counts, each made once (cached per technique and batch)."""
 
     def __init__(self, build: Callable[[], nn.Module], spec: StepSpec, card_gib: float, time_card: Any,
                  bar: Any = None, capability: tuple[int, int] | None = None, batch: int = 0):
         self.build, self.spec, self.card_gib, self.batch = build, spec, card_gib, batch
-        try:
-            self.gpu = card(time_card)
-        except ValueError as e:  # an unknown name: cost.card names the choices
-            raise FitError(str(e).split(" Fix: ")[0], f"--time-card one of {', '.join(CARDS)}.") from None
+        self.gpu = _time_card(time_card)
         over = overheads()
         self.workspace = ""
         if spec.cublas:
@@ -514,6 +470,7 @@ def fit(build: Callable[[], nn.Module] | str, input_shape: Sequence[int] | str =
                      accumulate=accumulate, optimizer_in_backward=optimizer_in_backward, mode=mode, output=output)
     techniques = parse_techniques(techniques)
     capability = parse_capability(compute_capability)
+    time_card = _time_card(time_card)
     spec, info = _probe(build, input_shape, loss, target_shape, n_classes, loop)
     from tqdm.auto import tqdm  # lazy: tqdm picks its notebook or terminal form when a fit runs
 
@@ -582,6 +539,7 @@ def _rows(f: _Fitter, spec: StepSpec, info: dict[str, Any], batch: int, techniqu
                              f"for backward ({e.saved}). Fix: leave {tech} out, or switch in-place on by hand only "
                              "where the next op does not need what it overwrites")
         except Exception as e:  # a technique this model does not support
+            e = underlying(e)
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             skipped[tech] = f"failed on this model: {type(e).__name__}: {first[:200]}"
         bar.update()

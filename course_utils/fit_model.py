@@ -4,6 +4,8 @@
   ``parse_techniques`` / ``parse_capability`` -- the CLI's and ``fit``'s inputs checked
   (``MODULE:BUILDER``, ``MODULE:LOSS``, ``8,1,512,512``, ``ddp-2,inplace``, ``9.0``); ``FitError``
   names the fix for anything ``fit`` cannot predict.
+* ``target_for`` / ``check_loss`` -- the target a loss needs for the model's output, and the loss
+  run on both (fake tensors): a mismatch is a ``FitError`` that names the option to give.
 * ``build_model`` -- ``build()`` inside the active ``FakeTensorMode``, checked (an ``nn.Module`` with
   a forward, its tensors of the active mode; a model built on the meta device gets fake tensors of
   its shapes); ``check_trainable`` -- parameters for the loop to train; ``explain_failure`` says why
@@ -19,6 +21,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import math
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -30,7 +33,7 @@ from torch.nn import functional as F
 
 from .checkpointing import checkpointed, offload_saved, save_convolutions
 from .loops import Loop
-from .memory import SavedTensorModifiedError, adopt_fake_tensors, build_fake
+from .memory import MAX_ELEMENTS, SavedTensorModifiedError, adopt_fake_tensors, build_fake
 
 _DATA_FIX = ("Fix: remove data-dependent branches from forward (no .item(), .tolist(), .numpy(), no Python "
              "`if` on a tensor's value, no nonzero/boolean-mask indexing: use torch.where and fixed shapes), "
@@ -101,6 +104,9 @@ def parse_shape(shape: str | Sequence[int], name: str = "input shape", min_dims:
     if len(dims) < min_dims or any(s < 1 for s in dims):
         raise FitError(f"{name} {dims}: needs at least {min_dims} sizes, each >= 1. Fix: write it batch first, "
                        "e.g. 8,1,512,512 (batch, channels, height, width) or 4,1,256 (batch, channels, length).")
+    if math.prod(dims) > MAX_ELEMENTS:
+        raise FitError(f"{name} {dims} holds {math.prod(dims):.3g} elements, more than any GPU holds. Fix: give "
+                       f"one step's batch, at most {MAX_ELEMENTS:,} elements (1 PiB in fp32), e.g. 8,1,512,512.")
     return dims
 
 
@@ -146,11 +152,19 @@ def parse_capability(cc: tuple[int, int] | str | None) -> tuple[int, int] | None
     return major, minor
 
 
+def underlying(exc: BaseException) -> BaseException:
+    """What failed: the exception a ``MeasureError`` of ``predict_step`` wraps (its cause), else ``exc``."""
+    if isinstance(exc, MeasureError) and not isinstance(exc, SavedTensorModifiedError) and exc.__cause__ is not None:
+        return exc.__cause__
+    return exc
+
+
 def explain_failure(exc: BaseException, what: str, input_shape: tuple[int, ...]) -> FitError:
     """A FitError that says why the model could not run on fake tensors, and what to do
     (``input_shape`` () while the model is built)."""
     from torch._subclasses import fake_tensor as ft
 
+    exc = underlying(exc)
     text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
     if isinstance(exc, SavedTensorModifiedError) or "modified by an inplace operation" in str(exc):
         saved = getattr(exc, "saved", "")
@@ -169,6 +183,58 @@ def explain_failure(exc: BaseException, what: str, input_shape: tuple[int, ...])
     return FitError(f"{what} failed on fake tensors of input shape {input_shape} ({text}). Fix: check that the "
                     "input shape is what the model expects (batch first, then channels and sizes), or measure "
                     "the step on a GPU with course_utils.memory.measure_step.")
+
+
+def target_for(loss_name: str, loss_fn: Callable, out_shape: tuple[int, ...], target_shape: tuple[int, ...] | None,
+               n_classes: int | None, custom: bool) -> tuple[tuple[int, ...], int | None]:
+    """The target's shape and class count (None: float targets) for the loss and the output."""
+    classify = n_classes is not None or (loss_name == "cross_entropy" and loss_fn is F.cross_entropy)
+    if not out_shape and not custom:
+        raise FitError(f"the loss {loss_name} needs an output with the batch first, and the model returns a tensor "
+                       "of no dimensions (its loss already?). Fix: return one output per sample (batch, ...), or "
+                       "--loss MODULE:FUNCTION with --target-shape for a loss of your own on that output.")
+    if custom and not out_shape:  # a loss on the whole (non-tensor) output: the target is the user's to say
+        if target_shape is None:
+            raise FitError("a loss that takes the model's whole output needs the target's shape. Fix: "
+                           "--target-shape B,... (and --classes N for class indices).")
+        return tuple(target_shape), n_classes
+    if classify:
+        if len(out_shape) < 2:
+            raise FitError(f"{loss_name} needs logits of shape (batch, classes, ...), the model returns "
+                           f"{out_shape}. Fix: use --loss mse or bce for one output per sample, or give the "
+                           "model a class dimension.")
+        if n_classes is not None and n_classes != out_shape[1]:
+            raise FitError(f"--classes {n_classes} but the model's output {out_shape} has {out_shape[1]} "
+                           f"classes in dim 1. Fix: --classes {out_shape[1]} (or leave it out).")
+        n_classes = out_shape[1]
+        want = (out_shape[0], *out_shape[2:])
+    else:
+        want = out_shape
+    tgt = tuple(target_shape) if target_shape is not None else want
+    if tgt != want and not custom:
+        kind = "class indices (the output without its class dim)" if classify else "the output's shape"
+        raise FitError(f"target shape {tgt} does not match the model's output {out_shape} for {loss_name}: "
+                       f"it needs {kind}, {want}. Fix: --target-shape {','.join(map(str, want))} (or leave "
+                       "it out)" + ("" if classify else ", or use --loss cross_entropy for class labels") + ".")
+    return tgt, (n_classes if classify else None)
+
+
+def check_loss(loss_name: str, loss_fn: Callable, sel: Any, out_shape: tuple[int, ...], y: torch.Tensor,
+               tgt: tuple[int, ...]) -> None:
+    """The loss runs, forward and backward, on the output and the target (fake tensors)."""
+    grad_in = torch.randn(out_shape, requires_grad=True) if out_shape else sel
+    try:
+        value = loss_fn(grad_in, y)
+        if not isinstance(value, torch.Tensor) or value.numel() != 1:
+            raise TypeError(f"it returned {type(value).__name__} {tuple(getattr(value, 'shape', ()))}, "
+                            "not a one-element tensor")
+        if value.requires_grad:
+            value.backward()
+    except Exception as e:
+        raise FitError(f"the loss {loss_name} refuses the model's output {out_shape or type(sel).__name__} with a "
+                       f"target {tgt} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). Fix: pick the "
+                       "loss that matches the output (--loss cross_entropy|mse|bce), pass --target-shape, or "
+                       "--output to pick the tensor the loss takes.") from e
 
 
 def _returned(obj: Any) -> tuple[str, str]:

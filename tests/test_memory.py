@@ -281,6 +281,9 @@ def test_bad_inputs():
         (lambda: log_step("not a model", torch.zeros(1), torch.zeros(1)), "nn.Module"),
         (lambda: log_step(nn.Linear(2, 2), [1, 2], torch.zeros(1)), "torch.Tensor"),
         (lambda: predict_step(lambda: UNet3D(3, 4), (1, 1, 8, 8, 8), n_classes=5, optimizer="lion"), "optimizer must be"),
+        (lambda: predict_step(lambda: UNet3D(3, 4), (2**62, 1, 8, 8, 8)), "more than any GPU holds"),  # torch overflowed
+        (lambda: predict_step(lambda: UNet3D(3, 4), (2, 1, 8, 8, 8), (3, 8, 8, 8)), "have different batches"),
+        (lambda: predict_step(lambda: UNet3D(3, 4), (2, 3, 8, 8, 8)), r"the step failed on fake tensors of input shape"),
     ]:
         with pytest.raises(MeasureError, match=fix) as e:
             call()

@@ -34,7 +34,7 @@ Where things are (every name below is also importable from ``course_utils.memory
 * ``meters``     -- ``SavedTensorMeter`` (``SavedTensorModifiedError``: autograd's in-place check, which its
   hooks make), ``saved_tensors`` (``SavedTensor``), ``LiveBytes``, ``storage_key``;
 * ``hook_table`` -- ``MemoryLog`` (``Row``, ``CATEGORIES``, ``CUDA_BLOCK_ROUNDING``, ``LOSS``, ``OPTIMIZER``), ``log_step``;
-* ``predict``    -- ``predict_step`` (``Prediction``, ``method_label``, ``prime_optimizer``,
+* ``predict``    -- ``predict_step`` (``Prediction``, ``MAX_ELEMENTS``, ``method_label``, ``prime_optimizer``,
   ``default_dtype``, ``make_optimizer``, ``target_spec``, ``adopt_fake_tensors``, ``build_fake``,
   ``cuda_dropout``)
   and its twin on a GPU, ``measure_step`` (``step_parts``: what it trains);
@@ -49,6 +49,7 @@ from .cuda import CudaPeak, cuda_peak, memory_cap, require_cuda
 from .meters import LiveBytes, SavedTensor, SavedTensorMeter, SavedTensorModifiedError, saved_tensors, storage_key
 from .oom import catch_oom, explain_oom, is_oom, largest_that_fits
 from .predict import (
+    MAX_ELEMENTS,
     Prediction,
     adopt_fake_tensors,
     build_fake,
@@ -91,7 +92,7 @@ __all__ = [
     "CATEGORIES", "CUDA_BLOCK_ROUNDING", "LOSS", "OPTIMIZER", "MemoryLog", "Row", "log_step",
     "LiveBytes", "SavedTensor", "SavedTensorMeter", "SavedTensorModifiedError", "saved_tensors", "storage_key",
     "catch_oom", "explain_oom", "is_oom", "largest_that_fits",
-    "Prediction", "adopt_fake_tensors", "build_fake", "cuda_dropout", "default_dtype", "make_optimizer", "measure_step", "method_label",
+    "MAX_ELEMENTS", "Prediction", "adopt_fake_tensors", "build_fake", "cuda_dropout", "default_dtype", "make_optimizer", "measure_step", "method_label",
     "predict_step", "prime_optimizer",
     "step_parts", "target_spec",
     "BLOCK", "CudaStats", "LiveBytesStats", "OpMemory", "OpTransients", "op_memory_step",

@@ -6,6 +6,7 @@ same step on a real GPU and reads the caching allocator.
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Sequence
@@ -14,7 +15,7 @@ import torch
 from torch import nn
 
 from ..amp_rules import autocast_rules
-from ..checks import MeasureError, guard
+from ..checks import CourseError, MeasureError, guard
 from ..loops import Loop, prime_optimizer
 from ..train import require_data, training_step
 from .cuda import CudaPeak, cuda_peak, require_cuda
@@ -23,6 +24,11 @@ from .units import mib
 
 if TYPE_CHECKING:  # hook_table imports MemTracker (torch.distributed, dynamo): on first use only
     from .hook_table import MemoryLog
+
+
+#: the most elements a shape may hold (1 PiB in fp32): a step's tensors grow from it (a convolution's
+#: channels), and torch's sizes overflow at 2**63 bytes
+MAX_ELEMENTS = 2**48
 
 
 @contextlib.contextmanager
@@ -192,6 +198,10 @@ def _check_shape(name: str, shape: Any) -> tuple[int, ...]:
     if not dims or any(s < 1 for s in dims):
         raise MeasureError(f"{name} {dims}: every size (batch included) must be >= 1.",
                            f"pass {name} batch first, every size >= 1, e.g. (2, 1, 64, 64, 64).")
+    if math.prod(dims) > MAX_ELEMENTS:
+        raise MeasureError(f"{name} {dims} holds {math.prod(dims):.3g} elements, more than any GPU holds (and "
+                           "beyond torch's sizes once a layer widens it).",
+                           f"pass the shape of one step's batch, at most {MAX_ELEMENTS:,} elements (1 PiB in fp32).")
     return dims
 
 
@@ -203,9 +213,33 @@ def target_spec(input_shape: tuple[int, ...], target_shape: Sequence[int] | None
     if target_shape is None:
         target_shape = (input_shape[0], *input_shape[2:])
     target_shape = _check_shape("target_shape", target_shape)
+    if target_shape[0] != input_shape[0]:
+        raise MeasureError(f"target_shape {target_shape} and input_shape {input_shape} have different batches.",
+                           "give the target the input's batch as its first size (or leave target_shape out: class "
+                           "indices of the input's shape without its channels).")
     if loss_fn is None:
         loss_fn = nn.functional.cross_entropy if classify else nn.functional.mse_loss
     return classify, target_shape, loss_fn
+
+
+@contextlib.contextmanager
+def _step_failures(input_shape: tuple[int, ...], fake: bool) -> Iterator[None]:
+    """A failure of the step that is not the course's own error (the model refuses the shape, has
+    no parameters for the optimizer, reads tensor values...) as a ``MeasureError`` that names the
+    input shape and the fix; the original is its ``__cause__`` (``fit`` reads it to say more)."""
+    try:
+        yield
+    except CourseError:
+        raise
+    except Exception as e:
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        raise MeasureError(
+            f"the step failed on {'fake' if fake else 'CPU'} tensors of input shape {input_shape} "
+            f"({type(e).__name__}: {first}).",
+            "check that the input shape is what the model expects (batch first, then channels and sizes) and "
+            "that build_model() returns the model with its parameters; course_utils.fit.fit(build_model, "
+            "input_shape) says more (a model that reads tensor values or needs a real CUDA device cannot run "
+            "on fake tensors), or measure the step on a GPU with measure_step.") from e
 
 
 def predict_step(
@@ -283,7 +317,8 @@ def predict_step(
     gc.collect(1)
     mode = FakeTensorMode() if fake else contextlib.nullcontext()
     dropout = cuda_dropout() if target == "cuda" else contextlib.nullcontext()
-    with default_dtype(dtype), mode, autocast_rules(target if autocast_dtype else None), dropout:
+    with default_dtype(dtype), mode, autocast_rules(target if autocast_dtype else None), dropout, \
+            _step_failures(input_shape, fake):
         model = build_fake(build_model)
         _check_model_and_input(model, torch.empty(0))
         adopt_fake_tensors(model)  # (real tensors, fake=False: nothing to do)
