@@ -316,7 +316,10 @@ _FIXED_BATCH = ("does the forward fix the batch size (e.g. x.reshape(8, -1))? Fi
 
 
 def _time_card(name: Any) -> Any:
-    """``cost.card(name)``, an unknown name a FitError with the command line's option."""
+    """``cost.card(name)``, an unknown name (or an empty one) a FitError with the command line's option."""
+    if isinstance(name, str) and not name.strip():
+        raise FitError(f"time card {name!r} names no card.", f"leave --time-card out (the {card().name}), or one of "
+                       f"{', '.join(CARDS)}.")
     try:
         return card(name)
     except ValueError as e:  # cost.card names the choices

@@ -128,7 +128,11 @@ def parse_techniques(techniques: Sequence[str] | str | None) -> list[str]:
     if techniques is None:
         return list(TECHNIQUES)
     if isinstance(techniques, str):
-        techniques = [t.strip() for t in techniques.split(",") if t.strip()]
+        names = [t.strip() for t in techniques.split(",") if t.strip()]
+        if techniques.strip() and not names:
+            raise FitError(f"techniques {techniques!r} names no technique. Fix: leave --techniques out for all of "
+                           f"them, give '' for the plain step alone, or name them, e.g. inplace,ddp-2.")
+        techniques = names
     unknown = [t for t in techniques if t not in TECHNIQUES]
     if unknown:
         raise FitError(f"unknown technique(s) {', '.join(map(repr, unknown))}. Fix: pick from {', '.join(TECHNIQUES)}.")

@@ -382,6 +382,8 @@ def test_models_that_cannot_run_on_fake_tensors_are_refused(net, fix):
     (dict(build=lambda: nn.Linear(8, 3), input_shape=(4, 8), card_gib=0), "card_gib as a finite number > 0"),
     (dict(build=lambda: nn.Linear(8, 3), input_shape=(2**62, 8)), "more than any GPU holds"),  # was torch's overflow
     (dict(build=lambda: nn.Linear(8, 3), input_shape=(4, 8), time_card="RTX 9090"), "Fix: --time-card one of"),
+    (dict(build=lambda: nn.Linear(8, 3), input_shape=(4, 8), time_card=""), "names no card"),  # was the default
+    (dict(build=lambda: nn.Linear(8, 3), input_shape=(4, 8), techniques=" , "), "names no technique"),  # was none
 ])
 def test_refusals_name_the_fix(kwargs, fix):
     with pytest.raises(fit.FitError) as e:
