@@ -70,6 +70,7 @@ CHECKPOINTING = tuple(_CHECKPOINT_ARGS)  # ("none", "level", "double_conv", "con
 CHECKPOINTING_LABELS = {"none": "none", "level": "every level", "double_conv": "every DoubleConv",
                         "conv": "every conv", "selective": "selective (save convs)"}
 BUDGETS_GIB = (8, 12, 16, 24, 40, 80)
+MAX_BUDGET_GIB = 1 << 16  # the largest budget a Config takes (64 TiB; no GPU today holds 0.3 TiB)
 #: the batch each configuration is predicted at (BatchNorm needs 2 values per channel: a
 #: 1-voxel deepest level at batch 1 would fail); other batches are scaled from it
 PROBE_BATCH = 2
@@ -166,6 +167,8 @@ def _check_sizes(cfg: Config) -> None:
     if cfg.dp_ranks < 1:
         raise TechniqueError(f"Config(dp_ranks={cfg.dp_ranks}): data parallelism needs at least one rank.",
                              "dp_ranks=1 (one GPU) or more.")
+    if not 1 <= cfg.budget_gib <= MAX_BUDGET_GIB:  # past any card, float rounding kept estimate's search going
+        raise TechniqueError(f"Config(budget_gib={cfg.budget_gib}): no card holds that.", f"1 to {MAX_BUDGET_GIB} GiB.")
 
 
 def _validate(cfg: Config) -> None:
@@ -453,8 +456,7 @@ class RecordedBenchmark:
 
 def recorded_benchmark(net: str = "large", runs_folder=None) -> RecordedBenchmark | None:
     """The newest (by date) benchmark of ``net`` with measured rows among the GPU runs' records
-    (``runs_folder``: default ``docs/gpu-runs/`` beside ``recorded.recorded_folder()``, which the
-    learner's zip ships), or None."""
+    (``recorded.runs_folder(runs_folder)``: the learner's zip ships them), or None."""
     found = []
     for _, data in benchmark_records(net, runs_folder):  # one that cannot be read: skipped, with a warning
         rows = [r for r in data["rows"] if r.get("measured peak MiB") is not None]

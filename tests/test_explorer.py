@@ -721,3 +721,11 @@ def test_a_damaged_kit_record_leaves_the_other_context_readings(tmp_path):
     with pytest.warns(SkippedFile, match="2026-01-03-h/kit.json"):
         readings = budget.context_readings(tmp_path)
     assert [(r.mib, r.run) for r in readings] == [(628.8, "G, 2026-01-02, torch 2.x")]
+
+
+@pytest.mark.parametrize("gib", [0, 10**30])
+def test_a_budget_no_card_has_is_refused_where_estimate_never_returned(gib):
+    """Before: Config(budget_gib=10**30) was taken, and estimate's correction loop, stepping the
+    batch down one at a time past float rounding, did not return."""
+    with pytest.raises(TechniqueError, match="budget_gib=.*Fix:"):
+        Config(budget_gib=gib)
