@@ -73,8 +73,12 @@ In ``mode="forward"`` the rows are a train-mode forward and its loss (``checkpoi
 change what is kept for backward, and the parallel ones, do not apply. Models whose forward
 reads tensor values (``.item()``, ``.tolist()``, ``.numpy()``, a Python ``if`` on a tensor,
 ``nonzero``) or needs a real CUDA device cannot run on fake tensors: ``fit`` refuses them
-(``FitError``) and names what to do. Combinations of techniques are not predicted; each row is
-one technique on the plain fp32 step.
+(``FitError``) and names what to do; so is a step whose backward PyTorch refuses (an in-place op
+overwrites a tensor saved for backward: the meter makes autograd's version check, which its hooks
+switch off), and where only a technique causes it (``inplace``) that technique's row. A forward
+that fixes the batch size gets its rows at that batch (no larger one searched; DDP / FSDP refused
+with the reason). A model built on the meta device is predicted from its shapes. Combinations of
+techniques are not predicted; each row is one technique on the plain fp32 step.
 """
 
 from __future__ import annotations
@@ -392,9 +396,7 @@ class _Fitter:
         search stops there, unverified). The plain step takes 3 with ``boundary``: the guess (the
         line's second point), the secant's batch, and its neighbour; a technique's row 2 without:
         the guess and, where the line overshot, the secant's batch."""
-        budget = self.usable
-        if per_sample <= 0:
-            raise FitError("the prediction does not grow with the batch: cannot size a batch")
+        budget = self.usable  # (per_sample >= 1: _fixed_and_per_sample)
         points = dict([start])
         lo = start[0] if start[1] <= budget else 0  # fits at lo (0: nothing known)
         hi = None if start[1] <= budget else start[0]  # does not fit at hi

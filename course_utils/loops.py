@@ -55,7 +55,8 @@ def select_output(out: Any, output: int | str | None) -> Any:
     if output is None:
         return out
     if isinstance(output, bool) or not isinstance(output, (int, str)):
-        raise LoopError(f"output={output!r}: give an index (int) or a key / attribute name (str)")
+        raise LoopError(f"output={output!r} is neither an index nor a key.",
+                        "give an index (int, e.g. output=0) or a key / attribute name (str, e.g. output='logits').")
     if isinstance(out, torch.Tensor):
         raise LoopError(f"output={output!r}, but the model returns one tensor, which is what the loss takes. "
                         "Fix: leave output out.")
@@ -179,7 +180,7 @@ class Loop:
             if opt != "sgd":
                 yield f"momentum={self.momentum} is SGD's. Fix: optimizer 'sgd', or leave momentum out"
             elif not (self.momentum >= 0):
-                yield f"momentum={self.momentum}: must be >= 0 (0: plain SGD, no momentum buffer)"
+                yield f"momentum={self.momentum}: must be >= 0. Fix: e.g. momentum=0.9 (0: plain SGD, no momentum buffer)"
         if self.fused and self.foreach:
             yield "fused and foreach are two implementations of one step. Fix: pick one"
         if (self.fused or self.foreach is not None) and opt == "none":
