@@ -16,6 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from course_utils import benchmark  # noqa: E402
+from course_utils.checks import TechniqueError  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -26,7 +27,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.budget <= 0:
         ap.error("--budget must be > 0")
-    benchmark.run(args.out, nets=tuple(args.nets), budget_gib=args.budget)
+    try:  # run checks its arguments and makes the folder before its first prediction
+        benchmark.run(args.out, nets=tuple(args.nets), budget_gib=args.budget)
+    except TechniqueError as err:  # a budget no card has, a folder that cannot be made
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(f"wrote {args.out}")
     return 0
 

@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import platform
+import stat
 import subprocess
 import sys
 import tempfile
@@ -41,7 +43,7 @@ from typing import Any
 import torch
 
 from . import recorded
-from .benchmark import cuda_context_bytes
+from .benchmark import TECHNIQUES, cuda_context_bytes
 from .checks import RecordError, guard
 from .gpu_kit import budget, plan, record, summary, tasks
 from .gpu_kit.budget import RECORDED, Clock, Record, Task
@@ -96,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--skip", nargs="+", metavar="TASK", help="not these tasks or groups")
     ap.add_argument("--fresh", action="store_true", help="ignore recorded runs: run every selected task")
     ap.add_argument("--redo", nargs="+", metavar="TASK", default=[], help="run these again even if recorded")
-    ap.add_argument("--runs", default=str(record.RUNS), help="where recorded runs are (default docs/gpu-runs)")
+    ap.add_argument("--runs", help="the folder of recorded runs (default docs/gpu-runs)")
     ap.add_argument("--work", help="a folder for what does not come back (default: a new temporary folder)")
     ap.add_argument("--techniques", nargs="+", help="only these benchmark techniques")
     ap.add_argument("--plan", action="store_true", help="print the plan, with what a resume skips, and stop")
@@ -107,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def resolve(args: argparse.Namespace) -> tuple[list[plan.Planned], dict[str, str]]:
     """The selected tasks in the order they will run, and those a recorded run completed."""
-    runs = [] if args.fresh else record.recordings(Path(args.runs))
+    runs = [] if args.fresh else record.recordings(Path(args.runs) if args.runs is not None else record.RUNS)
     every = plan.planned(plan.ROOT, record.measured_seconds(runs, args.dry_run))
     redo = {t.name for t in plan.select(every, args.redo)} if args.redo else set()
     done = {k: v for k, v in record.completed(runs, args.dry_run).items() if k not in redo}
@@ -130,6 +132,67 @@ def print_plan(chosen: list[plan.Planned], done: dict[str, str], budget_s: float
           f"--budget {budget_s:g}")
 
 
+#: the longest --budget: a week (the kit's deadlines are ``signal.setitimer`` timers, which overflow
+#: past about 1e9 s; no lent machine is held that long)
+MAX_BUDGET_S = 7 * 24 * 3600
+
+
+def _folder_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a folder the kit writes in (None: it can), found without making it."""
+    if not text:
+        return "it names no folder"
+    if "\0" in text:
+        return "it holds a NUL character, which no file name may"
+    path = Path(text).absolute()
+    if any(len(os.fsencode(part)) > 255 for part in path.parts):
+        return "a name in it is longer than the 255 bytes a file system takes"
+    for p in (path, *path.parents):  # the nearest that exists must be a folder this process can write
+        try:
+            mode = os.stat(p).st_mode
+        except FileNotFoundError:
+            if os.path.islink(p):
+                return f"{p} is a link to nothing"
+            continue
+        except NotADirectoryError:  # a file among its parents: found further up
+            continue
+        except OSError as err:  # a path too long, a loop of links
+            return f"{p}: {err.strerror or err}"
+        if not stat.S_ISDIR(mode):
+            return f"{p} is a file, not a folder"
+        return None if os.access(p, os.W_OK | os.X_OK) else f"{p} cannot be written"
+    return None
+
+
+def _is_folder(text: str) -> bool:
+    try:
+        return bool(text) and "\0" not in text and Path(text).is_dir()
+    except OSError:  # a name too long
+        return False
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse, before any work, what the kit would fail on later: a budget that is not a finite
+    number of seconds > 0, an output or work folder that cannot be made, a ``--runs`` that is no
+    folder, a technique the benchmark does not have. Each a ``RecordError`` naming the fix."""
+    if not (math.isfinite(args.budget) and 0 < args.budget <= MAX_BUDGET_S):
+        raise RecordError(f"--budget {args.budget:g} is not a number of seconds > 0 and <= {MAX_BUDGET_S} (a week).",
+                          f"give the seconds the tasks may take in all, e.g. --budget {plan.DEFAULT_BUDGET_S}.")
+    for option, value in (("OUT", args.out), ("--work", args.work)):
+        why = _folder_problem(value) if value is not None else None
+        if why:
+            raise RecordError(f"{option} {value!r} cannot be the kit's folder: {why}.",
+                              f"give {option} as a folder that exists or can be made" + (
+                                  " (on the GPU machine: $OUT)." if option == "OUT" else
+                                  ", or leave --work out for a new temporary folder."))
+    if args.runs is not None and not _is_folder(args.runs):
+        raise RecordError(f"--runs {args.runs!r} is not a folder: it would read as no recorded run.",
+                          f"give the folder of recorded runs (default {record.RUNS}), or --fresh to run every task.")
+    unknown = [t for t in args.techniques or () if t not in TECHNIQUES]
+    if unknown:
+        raise RecordError(f"--techniques: {', '.join(map(repr, unknown))} not techniques of the benchmark.",
+                          f"name techniques of benchmark.TECHNIQUES (quoted): {', '.join(map(repr, TECHNIQUES))}.")
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m course_utils.gpu_report``: import a returned run, print the plan, or run the kit.
     Returns the exit status (0: done, 1: a task failed or a return limit was passed, 2: an error)."""
@@ -142,8 +205,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {err}", file=sys.stderr)
             return 2
         return 0
-    if args.budget <= 0:
-        ap.error("--budget must be > 0 seconds")
+    try:
+        check_arguments(args)
+    except RecordError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     try:
         chosen, done = resolve(args)
     except ValueError as err:

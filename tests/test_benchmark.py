@@ -92,3 +92,28 @@ def test_run_writes_its_three_files_whole(tmp_path, monkeypatch):
     with pytest.raises(RecordError):
         benchmark.run(tmp_path / "again", techniques=["baseline fp32"], progress=False, measure=False)
     assert not (tmp_path / "again").exists() or not list((tmp_path / "again").iterdir())
+
+
+def _run_py():
+    """``benchmarks/run.py``'s main (a script, not a module of the package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
+    spec = importlib.util.spec_from_file_location("benchmarks_run", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+@pytest.mark.parametrize("argv", [["--budget", str(10**30)], ["--out", "a_file"], ["--out", "a_file/sub"],
+                                  ["--out", ""], ["--out", "n" * 300], ["--out", "bad\0path"], ["--out", "/dev/null/x"]])
+def test_the_script_names_what_run_refuses_in_one_line(tmp_path, no_work, capsys, monkeypatch, argv):
+    """``benchmarks/run.py`` let benchmark.run's TechniqueError out as a traceback."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a_file").write_text("x")
+    assert _run_py()(argv if argv[0] == "--out" else [*argv, "--out", "out"]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: benchmark.run: ") and "Fix: " in lines[0], captured.err
+    assert "wrote" not in captured.out and sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]

@@ -185,7 +185,8 @@ def test_a_dry_run_records_as_it_goes_within_the_limits_and_a_second_run_resumes
     for name in plan.TASKS:  # a plan with known estimates: the large net's diagnosis never fits 30 s
         monkeypatch.setitem(plan.TASKS, name, (1000 if name == "diagnose/large-fp32" else 1, "test"))
     out, runs_root = tmp_path / "out", tmp_path / "repo"
-    rc = gpu_report.main([str(out), "--dry-run", "--work", str(tmp_path / "w"), "--runs", str(runs_root / "none"),
+    (tmp_path / "no_runs").mkdir()  # no recorded run (a --runs that is no folder is refused)
+    rc = gpu_report.main([str(out), "--dry-run", "--work", str(tmp_path / "w"), "--runs", str(tmp_path / "no_runs"),
                           "--only", "diagnose/seed003", "diagnose/cublas", "tests", "diagnose/large-fp32",
                           "--budget", "30"])
     assert rc == 0
@@ -564,3 +565,89 @@ def test_the_kits_log_on_a_full_disk_says_so_and_the_run_goes_on(tmp_path, monke
     out = capsys.readouterr().out
     assert "second" in out and "third" in out and f"Could not write {tmp_path / record.LOG}: the disk is full" in out
     assert out.count("Fix: free space") == 1 and "first" in (tmp_path / record.LOG).read_text()
+
+
+# -- the command line refuses bad arguments before any work (issue 43) ---------------------------
+@pytest.fixture
+def no_kit(monkeypatch):
+    """The kit never starts: a refusal must come before ``run``."""
+    def started(*args, **kwargs):  # noqa: ARG001 - stands in for gpu_report.run
+        raise AssertionError("the kit started before its arguments were refused")
+    monkeypatch.setattr(gpu_report, "run", started)
+
+
+def _refused(argv, capsys, *words):
+    """``main(argv)`` exits 2 with one line on stderr naming the fix and ``words``."""
+    capsys.readouterr()
+    assert gpu_report.main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Fix: " in lines[0], captured.err
+    for w in words:
+        assert w in lines[0], lines[0]
+    assert captured.out == ""  # no plan printed
+    return lines[0]
+
+
+def test_an_output_folder_that_cannot_be_made_is_refused_before_the_kit_starts(tmp_path, capsys, no_kit):
+    """OUT a file, under a file, a name too long, with a NUL, under /dev/null: the kit started (a
+    minute of its machine's time, a CUDA context), then failed at its first write."""
+    (tmp_path / "a_file").write_text("x")
+    for out, why in ((tmp_path / "a_file", "is a file, not a folder"), (tmp_path / "a_file" / "sub", "is a file"),
+                     (tmp_path / ("n" * 300), "longer than the 255 bytes"), (f"{tmp_path}/bad\0path", "NUL"),
+                     ("/dev/null/x", "/dev/null is a file")):
+        _refused([str(out), "--dry-run", "--fresh"], capsys, "OUT ", why, "exists or can be made")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def test_a_work_folder_that_cannot_be_made_is_refused(tmp_path, capsys, no_kit):
+    (tmp_path / "a_file").write_text("x")
+    for work in (tmp_path / "a_file", tmp_path / "a_file" / "sub", tmp_path / ("n" * 300)):
+        _refused([str(tmp_path / "out"), "--dry-run", "--fresh", "--work", str(work)], capsys, "--work ",
+                 "leave --work out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+@pytest.mark.parametrize("budget", ["nan", "inf", "1e400", "-inf", "0", "-5", "1e10"])
+def test_a_budget_that_is_not_a_number_of_seconds_is_refused_for_the_plan_and_the_run(tmp_path, capsys, no_kit,
+                                                                                      budget):
+    """NaN and inf passed the check of <= 0: the kit ran with no deadline, and ``--plan`` ended
+    in print_plan's RecordError (a traceback); 1e10 s overflows the kit's timers."""
+    for argv in (["--plan"], [str(tmp_path / "out"), "--dry-run", "--fresh"]):
+        _refused([*argv, f"--budget={budget}"], capsys, "--budget", "Fix: give the seconds")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_runs_folder_that_is_no_folder_is_refused_not_read_as_no_recorded_run(tmp_path, capsys, no_kit,
+                                                                                monkeypatch):
+    """``--plan --runs=missing`` printed a plan that skipped nothing and exited 0; a run would have
+    redone everything the runs it was meant to read had done."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a_file").write_text("x")
+    for runs in ("missing_runs", "a_file", "", "n" * 300, "bad\0path"):
+        for argv in (["--plan"], ["out", "--dry-run"]):
+            _refused([*argv, f"--runs={runs}"], capsys, "--runs", "is not a folder", "--fresh")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def test_a_mistyped_technique_is_refused_naming_the_benchmarks(tmp_path, capsys, no_kit):
+    """``--techniques 'baselin fp32'``: the kit ran every task before its benchmark refused it."""
+    line = _refused([str(tmp_path / "out"), "--dry-run", "--fresh", "--techniques", "baseline fp32", "baselin fp32"],
+                    capsys, "'baselin fp32'", "'in-place ReLU'")
+    assert "'baseline fp32'" not in line.split("Fix:")[0]  # the valid one is not called unknown
+    assert not (tmp_path / "out").exists()
+
+
+def test_good_arguments_reach_the_kit(tmp_path, capsys, monkeypatch):
+    """What is refused above is only what is wrong: a folder to make (under one that exists), an
+    existing one, a week's budget, the benchmark's techniques, the default runs."""
+    seen = []
+    monkeypatch.setattr(gpu_report, "run", lambda args, chosen, done: seen.append(args) or 0)
+    (tmp_path / "runs").mkdir()
+    for argv in ([str(tmp_path / "new" / "out"), "--work", str(tmp_path / "w"), "--runs", str(tmp_path / "runs")],
+                 [str(tmp_path), "--budget", str(gpu_report.MAX_BUDGET_S), "--techniques", "baseline fp32",
+                  "autocast fp16", "--only", "diagnose/seed003"]):
+        assert gpu_report.main([*argv, "--dry-run"]) == 0, capsys.readouterr().err
+    assert [a.budget for a in seen] == [plan.DEFAULT_BUDGET_S, gpu_report.MAX_BUDGET_S]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]  # nothing made before the kit
+    assert gpu_report.main(["--plan", "--only", "diagnose/seed003"]) == 0  # docs/gpu-runs, the default

@@ -291,17 +291,6 @@ def argv_of(slots: dict[str, Any]) -> list[str]:
 XFAIL: dict[tuple[str, str, Any], str] = {
     ("fit", "--techniques", ","): "fit: --techniques ',' (no technique named) reaches the model's build",
     ("fit", "--time-card", ""): "fit: --time-card '' is taken for no card (the default) after the model's build",
-    **{("gpu_report", "out", v): "gpu_report.main does not check OUT before run(): the kit starts, then fails at "
-       "its folder" for v in ("a_file", "a_file/sub", LONG, "bad\0path", "/dev/null/x")},
-    **{("gpu_report", "--budget", v): "gpu_report.main checks --budget <= 0 only: NaN and inf reach run(), and "
-       "with --plan print_plan's guard raises RecordError uncaught (gpu_report.py, main: print_plan(...))"
-       for v in ("nan", "inf", "1e400")},
-    **{("gpu_report", "--runs", v): "gpu_report: a --runs that is no folder reads as no recorded run: the plan "
-       "and the run go on (exit 0)" for v in ("missing_runs", "a_file", "")},
-    **{("gpu_report", "--work", v): "gpu_report.main does not check --work before run()"
-       for v in ("a_file", "a_file/sub", LONG)},
-    ("gpu_report", "--techniques", ("baselin fp32",)): "gpu_report.main does not check --techniques against "
-    "benchmark.TECHNIQUES: the kit runs until its benchmark task refuses them",
     **{("grading.grade", "paths", v): "grading.grade: 'error: missing: no such file or folder' / 'no notebooks "
        "(*.ipynb) in ...' names no fix" for v in (("missing",), ("",), ("empty_dir",))},
     ("grading.grade", "paths", ("a_file",)): "grading.grade: a file that is not a notebook is taken as a "
@@ -329,10 +318,6 @@ XFAIL: dict[tuple[str, str, Any], str] = {
     **{("grading.release", "out", v): "grading.release: a traceback: NotADirectoryError / OSError(File name too "
        "long) / ValueError(embedded null byte) at release.py:160 (out.exists()) or :172 (out.mkdir), or 454 "
        "(nbgrader_course's mkdir)" for v in ("a_file/sub", LONG, "bad\0path", "/dev/null/x")},
-    ("benchmarks/run.py", "--budget", "1" + "0" * 30): "benchmarks/run.py does not catch benchmark.run's "
-    "TechniqueError (a budget no card has): a traceback (run.py, main: benchmark.run(...))",
-    **{("benchmarks/run.py", "--out", v): "benchmarks/run.py does not catch benchmark.run's TechniqueError (an "
-       "output folder that cannot be made): a traceback (run.py, main: benchmark.run(...))" for v in PATHS_FOLDER},
 }
 
 
