@@ -291,33 +291,6 @@ def argv_of(slots: dict[str, Any]) -> list[str]:
 XFAIL: dict[tuple[str, str, Any], str] = {
     ("fit", "--techniques", ","): "fit: --techniques ',' (no technique named) reaches the model's build",
     ("fit", "--time-card", ""): "fit: --time-card '' is taken for no card (the default) after the model's build",
-    **{("grading.grade", "paths", v): "grading.grade: 'error: missing: no such file or folder' / 'no notebooks "
-       "(*.ipynb) in ...' names no fix" for v in (("missing",), ("",), ("empty_dir",))},
-    ("grading.grade", "paths", ("a_file",)): "grading.grade: a file that is not a notebook is taken as a "
-    "submission: default_jobs starts its probe process before any refusal",
-    **{("grading.grade", o, v): "grading.grade: 'error: cell-timeout must be > 0, got 0.0' (grader.Options) "
-       "names no fix" for o in ("--timeout", "--total-timeout", "--check-timeout", "--memory", "--max-output",
-                                "--disk") for v in ("0", "-1", "nan", "-inf")},
-    **{("grading.grade", o, v): "grading.grade: an infinite limit is accepted: default_jobs starts its probe "
-       "process" for o in ("--timeout", "--total-timeout", "--check-timeout", "--memory", "--max-output",
-                           "--disk") for v in ("inf", "1e400")},
-    **{("grading.grade", "--jobs", v): "grading.grade: 'error: jobs must be >= 1, got 0' names no fix"
-       for v in ("0", "-2")},
-    **{("grading.grade", o, v): "grading.grade: '--json existing_dir is a folder: give a file name' / 'cannot "
-       "write there (File exists)' (grade._prepare_output) names no fix: one line, but no 'Fix:'"
-       for o, vals in (("--json", ("existing_dir", "a_file/sub", "/dev/null/x", "")),
-                       ("--csv", ("existing_dir", "a_file/sub", ""))) for v in vals},
-    **{("grading.grade", "--keep", v): "grading.grade: --keep is not checked (a file there): default_jobs starts "
-       "its probe process first" for v in ("a_file", "a_file/sub")},
-    **{("grading.release", "out", v): "grading.release: 'error: a_file exists: choose a new folder, or --force "
-       "to replace it' names no fix (no 'Fix:')" for v in ("a_file", "existing_dir")},
-    ("grading.release", "out", ""): "grading.release: OUT '' is '.', the cwd: refused as existing without a fix, "
-    "and with --force _fresh_folder removes the cwd (release.py:163 shutil.rmtree(out))",
-    ("grading.release", "out", "."): "grading.release --force: OUT '.' removes the cwd (release.py:163 "
-    "shutil.rmtree(out))",
-    **{("grading.release", "out", v): "grading.release: a traceback: NotADirectoryError / OSError(File name too "
-       "long) / ValueError(embedded null byte) at release.py:160 (out.exists()) or :172 (out.mkdir), or 454 "
-       "(nbgrader_course's mkdir)" for v in ("a_file/sub", LONG, "bad\0path", "/dev/null/x")},
 }
 
 

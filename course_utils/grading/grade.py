@@ -38,10 +38,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from ..checks import CourseError
 from ..files import atomic_write
 from . import limits
 from .grader import Grader, Options, Result, clip_text, containment
 from .intake import clean, clean_text
+from .release import cannot_make, shown_path
 
 
 # --------------------------------------------------------------------------------------------
@@ -270,24 +272,76 @@ def write_json(results: list[Result], path: str | Path) -> None:
 
 
 def _prepare_output(path: str | None, what: str) -> Path | None:
-    """Create the output's folder now (before grading), or fail with a clear message."""
+    """Create the output's folder now (before grading), or fail with a clear message (CourseError)."""
     if path is None:
         return None
     p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"--{what} {path} is a folder: give a file name, e.g. {p / ('class.' + what)}")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         with open(p, "a"):
             pass
     except OSError as err:
-        raise ValueError(f"--{what} {path}: cannot write there ({err.strerror})") from None
+        raise CourseError(f"--{what} {shown_path(path)}: cannot write there ({err.strerror}).",
+                          f"give a file in a folder you can write, e.g. --{what} results/class.{what}") from None
     return p
+
+
+def _check_paths(paths: list[str]) -> list[Path]:
+    """The notebooks ``paths`` name (``notebooks_in``), each path checked first: it exists, and
+    a file is a notebook (``*.ipynb``); CourseError otherwise, and when there is none at all."""
+    fix = "give notebooks named NN_name.ipynb, or the folders they are in"
+    for path in paths:
+        if not path.strip() or "\0" in path:
+            raise CourseError(f"PATH {shown_path(path)} is {'empty' if not path.strip() else 'not a path (a NUL)'}.", fix)
+        try:
+            os.lstat(path)  # a link that leads nowhere is a submission: the grader notes it
+        except (FileNotFoundError, NotADirectoryError):
+            raise CourseError(f"{shown_path(path)}: no such file or folder.", f"check the path; {fix}") from None
+        except OSError as err:
+            raise CourseError(f"{shown_path(path)}: cannot be read ({err.strerror}).", fix) from None
+        if not os.path.isdir(path) and not path.endswith(".ipynb"):
+            raise CourseError(f"{shown_path(path)} is not a notebook (*.ipynb): it cannot be a submission.", fix)
+    notebooks = notebooks_in(paths)
+    if not notebooks:
+        raise CourseError(f"no notebooks (*.ipynb) in {shown_path(', '.join(paths))}: nothing to grade.", fix)
+    return notebooks
+
+
+def _checked_arguments(args: argparse.Namespace) -> tuple[Options, Path | None, Path | None]:
+    """``main``'s arguments checked before any work -- the limits (``Options``), the reports'
+    files, ``--keep``, the submissions -- then the reports' folders made: (the options, the
+    CSV's path, the JSON's path), or CourseError naming the argument and the fix."""
+    opts = Options(cell_timeout=args.timeout, total_timeout=args.total_timeout,
+                   check_timeout=args.check_timeout, memory_gib=args.memory,
+                   max_output_mib=args.max_output, seed=args.seed, keep=args.keep,
+                   landlock=not args.no_landlock, contain=not args.no_namespaces, disk_gib=args.disk,
+                   jobs=args.jobs, seed_per_submission=args.seed_per_submission)
+    outputs = {what: path for what, path in (("csv", args.csv), ("json", args.json)) if path is not None}
+    for what, path in outputs.items():
+        problem = cannot_make(path, folder=False)
+        if problem:
+            raise CourseError(f"--{what} {shown_path(path)}: cannot write there ({problem}).",
+                              f"give a file in a folder you can write, e.g. --{what} results/class.{what}")
+    if len({os.path.realpath(p) for p in outputs.values()}) < len(outputs):
+        raise CourseError(f"--csv and --json are the same file ({shown_path(args.csv)}).",
+                          "give each its own file, e.g. --csv class.csv --json class.json")
+    if args.keep is not None:
+        problem = cannot_make(args.keep, folder=True)
+        if problem:
+            raise CourseError(f"--keep {shown_path(args.keep)}: cannot keep the scratch folders there ({problem}).",
+                              "give a folder you can write (made if new), e.g. --keep build/scratch")
+    notebooks = {os.path.realpath(p) for p in _check_paths(args.paths)}
+    for what, path in outputs.items():
+        if os.path.realpath(path) in notebooks:
+            raise CourseError(f"--{what} {shown_path(path)} is a submission: the report would replace it.",
+                              f"give a new file, e.g. --{what} results/class.{what}")
+    return opts, _prepare_output(args.csv, "csv"), _prepare_output(args.json, "json")
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m course_utils.grading.grade PATH...``: grade every notebook, print the summary and
-    how runs were confined, write ``--json`` / ``--csv``; returns 0, or 2 on a wrong argument."""
+    how runs were confined, write ``--json`` / ``--csv``; returns 0, or 2 on a wrong argument
+    (refused before any work, one line naming the fix)."""
     ap = argparse.ArgumentParser(prog="python -m course_utils.grading.grade",
                                  description="Grade exercise notebooks (a class folder).")
     ap.add_argument("paths", nargs="+", help="notebooks or folders of notebooks (NN_name.ipynb)")
@@ -314,16 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     try:
-        opts = Options(cell_timeout=args.timeout, total_timeout=args.total_timeout,
-                       check_timeout=args.check_timeout, memory_gib=args.memory,
-                       max_output_mib=args.max_output, seed=args.seed, keep=args.keep,
-                       landlock=not args.no_landlock, contain=not args.no_namespaces, disk_gib=args.disk,
-                       jobs=args.jobs, seed_per_submission=args.seed_per_submission)
-        csv_path, json_path = _prepare_output(args.csv, "csv"), _prepare_output(args.json, "json")
-        notebooks = notebooks_in(args.paths)
-        if not notebooks:
-            raise FileNotFoundError(f"no notebooks (*.ipynb) in {', '.join(args.paths)}: nothing to grade")
-    except (ValueError, FileNotFoundError) as err:
+        opts, csv_path, json_path = _checked_arguments(args)
+    except CourseError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     jobs, why = (opts.jobs, f"{opts.jobs} at a time (--jobs)") if opts.jobs else default_jobs(opts)

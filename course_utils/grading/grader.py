@@ -14,6 +14,7 @@ import contextlib
 import importlib
 import io
 import json
+import math
 import os
 import pkgutil
 import re
@@ -27,6 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..checks import CourseError
 from . import limits
 from .core import PartResult, Raised
 from .intake import Unreadable, clean, in_child, memory_window, observation_problem, read_submission
@@ -41,6 +43,31 @@ CONTAIN = Path(__file__).resolve().parent / "contain.py"
 NOTE_TEXT = 2000  # characters kept from a learner-controlled text in a note
 OBSERVATION_BYTES = 256 * 2**20  # the largest observation file the judge reads
 STARTUP_S = 180.0  # the sandbox's imports and the rebuild of the notebook's definitions
+
+
+SECONDS_MAX = 7 * 86400.0  # a week: the longest time limit a run takes (zmq and asyncio take it in ms)
+SIZE_MAX = float(2**20)  # GiB of memory or disk, MiB of output: 1 Pi/TiB, far inside what setrlimit takes
+#: Options' limits: field -> (the command line's flag, its unit, its largest value, its default)
+LIMITS = {
+    "cell_timeout": ("--timeout", "seconds", SECONDS_MAX, "120"),
+    "total_timeout": ("--total-timeout", "seconds", SECONDS_MAX, "10 x --timeout, at least 600"),
+    "check_timeout": ("--check-timeout", "seconds", SECONDS_MAX, "300"),
+    "memory_gib": ("--memory", "GiB", SIZE_MAX, "4"),
+    "max_output_mib": ("--max-output", "MiB", SIZE_MAX, "8"),
+    "disk_gib": ("--disk", "GiB", SIZE_MAX, "2"),
+}
+
+
+def _check_limit(name: str, value: object, flag: str, unit: str, top: float, default: str) -> None:
+    """A limit is a number of ``unit`` above 0, finite and at most ``top`` (CourseError otherwise)."""
+    fix = f"give {flag} a number of {unit} above 0 and at most {top:,.0f} (default {default})"
+    shown = name.replace("_", "-")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CourseError(f"{shown} must be a number of {unit}, got {value!r}.", fix)
+    if not value > 0:
+        raise CourseError(f"{shown} must be > 0, got {value!r}.", fix)
+    if not math.isfinite(value) or value > top:
+        raise CourseError(f"{shown} must be finite and at most {top:,.0f} {unit}, got {value!r}.", fix)
 
 
 @dataclass
@@ -65,16 +92,21 @@ class Options:
     threads: int | None = None  # CPU threads of a notebook run (None: as the environment says; grade_many: cores / jobs)
 
     def __post_init__(self):
-        for name in ("cell_timeout", "check_timeout", "memory_gib", "max_output_mib", "disk_gib", "max_files"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
+        """Refuse a limit no run can keep (zero, negative, NaN, infinite, beyond what the system
+        takes) before any work, with the fix: the teacher's mistake, never a class graded badly."""
+        for name, (flag, unit, top, default) in LIMITS.items():
+            if name != "total_timeout" or self.total_timeout is not None:
+                _check_limit(name, getattr(self, name), flag, unit, top, default)
         if self.total_timeout is None:
-            self.total_timeout = max(600.0, 10 * self.cell_timeout)
-        if not self.total_timeout > 0:
-            raise ValueError(f"total-timeout must be > 0, got {self.total_timeout}")
-
-        if self.jobs is not None and self.jobs < 1:
-            raise ValueError(f"jobs must be >= 1, got {self.jobs}")
+            self.total_timeout = min(max(600.0, 10 * self.cell_timeout), SECONDS_MAX)
+        for name, flag in (("max_files", "max_files"), ("jobs", "--jobs"), ("threads", "threads")):
+            value = getattr(self, name)
+            if value is None and name != "max_files":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise CourseError(f"{name.replace('_', '-')} must be >= 1, got {value!r}.",
+                                  f"give {flag} a whole number of 1 or more"
+                                  + (" (or leave it out: one per core, as memory allows)" if name == "jobs" else ""))
 
     @property
     def memory_bytes(self) -> int:

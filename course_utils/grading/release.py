@@ -25,6 +25,10 @@ them). Learners who clone it can copy them; for graded work hand out this releas
 ``@reference`` body kept, no recording), and a README or Makefile that links to, names or runs a
 file or make target the release does not contain.
 
+OUT is a new folder. ``--force`` replaces an existing one only if a release made it (it holds
+``.course-release``, the first file a release writes) or it is empty; never the current folder,
+the repository or a folder that holds either, whatever it holds (``_fresh_folder``).
+
 ``--nbgrader-course DIR`` instead lays out an nbgrader course (``source/exNN/`` with the solution
 notebooks, ``nbgrader_config.py``, a ``course_utils`` copy) on which ``nbgrader generate_assignment
 exNN`` and ``nbgrader autograde exNN`` run as they are.
@@ -36,8 +40,10 @@ import argparse
 import ast
 import contextlib
 import io
+import os
 import re
 import shutil
+import stat
 import string
 import sys
 from pathlib import Path
@@ -45,6 +51,7 @@ from pathlib import Path
 import nbformat
 import torch
 
+from ..checks import CourseError
 from ..files import read_json
 from ..layout import exercise_name, lesson_stem
 from ..markdown import CODE, links
@@ -154,22 +161,117 @@ def clean_notebook(path: Path, dest: Path) -> None:
     nbformat.write(nb, dest)
 
 
-def _fresh_folder(out: Path, force: bool) -> Path:
-    """``out`` as a Path, removed first if it exists and ``force`` (refused otherwise)."""
+#: the file a release (and an nbgrader course) writes first in its folder: ``--force`` replaces
+#: only a folder that has it, or an empty one -- never the current folder, the repository or a
+#: folder of someone's work given by mistake
+MARKER = ".course-release"
+MARKER_HEAD = "made by python -m course_utils.grading.release"
+MARKER_TEXT = f"{MARKER_HEAD}: --force may replace this folder (a folder without this file it never replaces)\n"
+#: the repository's folders the release reads: OUT inside one would be copied into itself
+SOURCES = ("course_utils", "notebooks", "solutions", "exercises", *KEEP_DIRS)
+NAME_MAX = 255  # bytes in one file name (Linux, macOS)
+
+
+def shown_path(path: str | Path) -> str:
+    """``path`` for a one-line message: quoted when empty or holding a control character, cut
+    when long."""
+    text = str(path)
+    if not text or not text.isprintable():
+        text = repr(text)
+    return text if len(text) <= 80 else text[:60] + "[...]" + text[-15:]
+
+
+def cannot_make(path: str | Path, folder: bool) -> str | None:
+    """Why no folder (``folder``) or file can be made at ``path`` -- empty, a NUL in it, a name
+    too long, a file where a folder must be, no permission -- or None if it can. Nothing is
+    written: the command lines ask before any work."""
+    text = str(path)
+    if not text.strip():
+        return "an empty path" if not text else "a blank path"
+    if "\0" in text:
+        return "a NUL character in the path"
+    try:
+        encoded = os.fsencode(text)
+    except UnicodeError:
+        return "a character the file system cannot store"
+    if any(len(name) > NAME_MAX for name in encoded.split(b"/")):
+        return f"a name in it longer than {NAME_MAX} bytes"
+    given = here = text.rstrip("/") or "/"
+    while True:  # up to the nearest thing that exists ("." or "/" at the latest)
+        try:
+            st = os.stat(here or ".")
+            break
+        except (FileNotFoundError, NotADirectoryError):
+            if not here:
+                return "the current folder no longer exists"
+            here = os.path.dirname(here)
+        except OSError as err:
+            return f"{shown_path(here)} cannot be reached ({err.strerror})"
+    here, is_dir = here or ".", stat.S_ISDIR(st.st_mode)
+    if here == given and not folder:
+        return "a folder, not a file" if is_dir else (None if os.access(here, os.W_OK) else "not writable")
+    if not is_dir:
+        return f"{shown_path(here)} is a file, not a folder"
+    return None if os.access(here, os.W_OK | os.X_OK) else f"{shown_path(here)} is not writable"
+
+
+def made_by_release(out: Path) -> bool:
+    """Whether ``out`` is a folder a release (or an nbgrader course) was written into: it holds
+    ``MARKER``, a file (not a link) that starts with ``MARKER_HEAD``."""
+    marker = out / MARKER
+    try:
+        return (not marker.is_symlink() and marker.is_file()
+                and marker.read_text(errors="replace").startswith(MARKER_HEAD))
+    except OSError:
+        return False
+
+
+def _fresh_folder(out: str | Path, force: bool, root: Path = ROOT) -> Path:
+    """``out`` as a Path, checked before any work (CourseError), and removed first if it exists
+    and ``force``. The rule: OUT is never the current folder, a folder that holds it, the
+    repository (or a folder that holds it) or inside a folder the release reads; an existing OUT
+    is replaced only with ``force``, only if it is a folder (not a link) that a release made
+    (``MARKER``) or an empty one."""
+    fix = "give a new folder, e.g. build/student-release"
+    problem = cannot_make(out, folder=True)
+    if problem:
+        raise CourseError(f"OUT {shown_path(out)}: no release can be written there ({problem}).", fix)
     out = Path(out)
-    if out.exists():
-        if not force:
-            raise FileExistsError(f"{out} exists: choose a new folder, or --force to replace it")
-        shutil.rmtree(out)
+    full, cwd, top = Path(os.path.realpath(out)), Path.cwd().resolve(), root.resolve()
+    for what, there in (("the current folder", cwd), ("the repository", top)):
+        if there == full or there.is_relative_to(full):
+            raise CourseError(f"OUT {shown_path(out)} is {what} or holds it: the release would replace it.", fix)
+    for name in SOURCES:
+        if full.is_relative_to(top / name):
+            raise CourseError(f"OUT {shown_path(out)} is inside the repository's {name}/, which the release reads.", fix)
+    if not (out.exists() or out.is_symlink()):
+        return out
+    ours = not out.is_symlink() and out.is_dir() and (made_by_release(out) or not any(out.iterdir()))
+    if not ours:
+        kind = ("a link" if out.is_symlink() else f"a folder no release made (no {MARKER} in it)" if out.is_dir()
+                else "a file")
+        raise CourseError(f"OUT {shown_path(out)} exists and is {kind}: --force replaces only a release's folder "
+                          "or an empty one.", f"{fix}, or remove {shown_path(out)} yourself if it may go")
+    if not force:
+        raise CourseError(f"OUT {shown_path(out)} exists.", "choose a new folder, or add --force to replace it")
+    shutil.rmtree(out)
     return out
 
 
-def release(out: Path, root: Path = ROOT, force: bool = False) -> dict:
+def _new_folder(out: Path) -> None:
+    """Make the release's folder, its ``MARKER`` written first: a release that fails half-way
+    can be replaced with ``--force``."""
+    out.mkdir(parents=True)
+    (out / MARKER).write_text(MARKER_TEXT)
+
+
+def release(out: str | Path, root: Path = ROOT, force: bool = False) -> dict:
     """Write the student release into ``out`` (replaced only with ``force``): the lessons, the
     exercises, ``course_utils`` without answers, the release's own files; returns the folder and the
-    grading modules stripped. RuntimeError when ``check_release`` finds an answer or a broken link."""
-    out = _fresh_folder(out, force)
-    out.mkdir(parents=True)
+    grading modules stripped. CourseError, before any work, for an OUT ``_fresh_folder`` refuses;
+    RuntimeError when ``check_release`` finds an answer or a broken link."""
+    out = _fresh_folder(out, force, root)
+    _new_folder(out)
     (out / "notebooks").mkdir()
     for nb in sorted((root / "notebooks").glob("*.ipynb")):
         clean_notebook(nb, out / "notebooks" / nb.name)
@@ -445,9 +547,10 @@ c.Execute.timeout = 600
 '''
 
 
-def nbgrader_course(out: Path, root: Path = ROOT, force: bool = False) -> list[str]:
+def nbgrader_course(out: str | Path, root: Path = ROOT, force: bool = False) -> list[str]:
     """source/exNN/<solution notebook> for each exercise, nbgrader_config.py and course_utils."""
-    out = _fresh_folder(out, force)
+    out = _fresh_folder(out, force, root)
+    _new_folder(out)
     names = []
     for sol in sorted((root / "solutions").glob("[0-9][0-9]_*.ipynb")):
         name = f"ex{sol.name[:2]}"
@@ -465,20 +568,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m course_utils.grading.release",
                                  description="Write what learners get for graded work (no answers).")
     ap.add_argument("out", help="a new folder")
-    ap.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    ap.add_argument("--force", action="store_true",
+                    help=f"replace OUT if it exists: only a folder a release made (it holds {MARKER}) or an empty one")
     ap.add_argument("--nbgrader-course", action="store_true",
                     help="write an nbgrader course folder (for the teacher) instead")
     args = ap.parse_args(argv)
     try:
         if args.nbgrader_course:
-            names = nbgrader_course(Path(args.out), force=args.force)
+            names = nbgrader_course(args.out, force=args.force)  # a str: '' is not '.'
             bindir = Path(sys.executable).parent  # nbgrader runs alembic by name: this venv on PATH
             print(f"nbgrader course in {args.out}: assignments {', '.join(names)}.\n"
                   f"  cd {args.out} && PATH={bindir}:$PATH PYTHONPATH=$PWD nbgrader generate_assignment ex00\n"
                   "(docs/teaching.md, \"With nbgrader\": collecting and autograde)")
             return 0
-        info = release(Path(args.out), force=args.force)
-    except (FileExistsError, SolutionFormatError, RuntimeError) as err:
+        info = release(args.out, force=args.force)
+    except (CourseError, SolutionFormatError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"student release in {info['out']}: notebooks/, exercises/, course_utils/ "
