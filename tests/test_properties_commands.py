@@ -14,10 +14,6 @@ name too long, a NUL), empty and very long strings. The property:
   and any process started; and each command's work (a prediction, a grading run, a training
   step, a build) is replaced by a function that raises. Only hostile argv are generated: a
   command that does anything with one has failed.
-
-The commands of modules this file's author does not own that fail the property are ``XFAIL``
-(strict: fixed, the mark must go): their (option, value) is left out of the generated argv and
-run as one explicit case, which names the failure. Deleting an entry puts its value back.
 """
 
 from __future__ import annotations
@@ -165,7 +161,6 @@ class Command:
     variants: tuple[Variant, ...]
     work: tuple[tuple[Any, str], ...] = ()  # (module, function) that does the work: replaced by Worked
     extra: tuple[Any, ...] = field(default=UNKNOWN_FLAGS)  # unknown flags
-    same_as: str | None = None  # another name of the same main (its XFAIL entries are this one's)
 
 
 def _benchmarks_run() -> Callable:
@@ -248,10 +243,9 @@ COMMANDS = (
                            st.integers(0, 511).map(lambda n: str(2 * n + 1))),
         "--mode": ("ddpp", ""), "--backend": ("mpi", "")}),), work=((cli, "launch"),)),
     *(Command(name, main, (Variant({"--check": False}, {"extra": ("x", "--check=1", st.text(min_size=1))}),),
-              work=((generate, "generate"),), same_as="grading.generate")
+              work=((generate, "generate"),))
       for name, main in (("exercises", _alias("exercises")), ("grading.generate", generate.main))),
-    *(Command(name, main, (Variant({"paths": ["subs"]}, GRADE_OPTIONS),), work=((grade, "grade_many"),),
-              same_as="grading.grade")
+    *(Command(name, main, (Variant({"paths": ["subs"]}, GRADE_OPTIONS),), work=((grade, "grade_many"),))
       for name, main in (("grade", _alias("grade")), ("grading.grade", grade.main))),
     Command("grading.release", release.main, (
         Variant({"out": "release_out"}, {"out": RELEASE_OUT}),
@@ -283,21 +277,6 @@ def argv_of(slots: dict[str, Any]) -> list[str]:
     return out
 
 
-# --------------------------------------------------------------------------------------------
-# What fails the property today, in modules this file's author does not own: (command, option,
-# value) -> why. Each runs as a strict xfail case in every variant that has it, and is left out
-# of the generated argv (of the command's aliases too); delete an entry once it is fixed.
-# --------------------------------------------------------------------------------------------
-XFAIL: dict[tuple[str, str, Any], str] = {
-    ("fit", "--techniques", ","): "fit: --techniques ',' (no technique named) reaches the model's build",
-    ("fit", "--time-card", ""): "fit: --time-card '' is taken for no card (the default) after the model's build",
-}
-
-
-def _xfailed(command: Command, slot: str, value: Any) -> bool:
-    return (command.same_as or command.name, slot, tuple(value) if isinstance(value, list) else value) in XFAIL
-
-
 def _drawn(draw, value: Any) -> Any:
     return draw(value) if isinstance(value, st.SearchStrategy) else value
 
@@ -308,8 +287,7 @@ def hostile_argv(draw, command: Command) -> list[str]:
     flag added (or both)."""
     variant = draw(st.sampled_from(command.variants))
     slots = dict(variant.slots)
-    choices = {k: [v for v in vals if not _xfailed(command, k, v)] for k, vals in variant.hostile.items()}
-    choices = {k: v for k, v in choices.items() if v}
+    choices = {k: list(vals) for k, vals in variant.hostile.items() if vals}
     chosen = draw(st.lists(st.sampled_from(sorted(choices)), max_size=2, unique=True)) if choices else []
     for k in chosen:
         slots[k] = _drawn(draw, draw(st.sampled_from(choices[k])))
@@ -351,25 +329,6 @@ def test_every_command_refuses_hostile_argv_before_any_work(sandbox, name, data)
     command = BY_NAME[name]
     argv = data.draw(hostile_argv(command), label="argv")
     code, err = call(command.main, argv)
-    assert_refused(code, err, argv)
-
-
-def _xfail_cases() -> list:
-    """Each XFAIL entry in every variant of its command that has it: a valid argv, that slot hostile."""
-    cases = []
-    for (name, slot, value), reason in XFAIL.items():
-        hostile = list(value) if isinstance(value, tuple) else value
-        for variant in BY_NAME[name].variants:
-            if hostile in variant.hostile.get(slot, ()):
-                argv = argv_of({**variant.slots, slot: hostile})
-                cases.append(pytest.param(name, argv, id=f"{name} {' '.join(map(repr, argv))}"[:100],
-                                          marks=pytest.mark.xfail(strict=True, reason=reason)))
-    return cases
-
-
-@pytest.mark.parametrize("name, argv", _xfail_cases())
-def test_what_the_commands_do_not_refuse_yet(sandbox, name, argv):  # noqa: ARG001 - cwd
-    code, err = call(BY_NAME[name].main, argv)
     assert_refused(code, err, argv)
 
 
