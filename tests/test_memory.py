@@ -815,3 +815,13 @@ def test_a_model_on_the_meta_device_is_predicted_or_refused_with_the_fix():
     built = _small_net()
     with pytest.raises(MeasureError, match=r"Sequential's 0.weight is a real tensor.*Fix: pass a function that builds"):
         predict_step(lambda: built, shape)
+
+
+def test_a_shape_computed_with_numpy_is_a_shape():
+    """Notebook 10 sizes its batch with NumPy: (np.int64(8), 1, ...) is a shape like (8, 1, ...)
+    (a check that took only Python ints refused it, after this issue's first try)."""
+    import numpy as np
+
+    build = lambda: UNet3D(3, 4)  # noqa: E731
+    got = predict_step(build, (np.int64(2), 1, 8, 8, 8), n_classes=5)
+    assert got.peak == predict_step(build, (2, 1, 8, 8, 8), n_classes=5).peak

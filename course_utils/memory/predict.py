@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Sequence
@@ -189,12 +190,13 @@ def _check_builder(build_model: Any) -> None:
 
 
 def _check_shape(name: str, shape: Any) -> tuple[int, ...]:
-    """A shape: whole numbers, each >= 1."""
+    """A shape: whole numbers (NumPy's too: a shape computed with NumPy), each >= 1; as ints."""
     bad = isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable)
     dims = () if bad else tuple(shape)
-    if bad or not all(isinstance(s, int) and not isinstance(s, bool) for s in dims):
+    if bad or not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in dims):
         raise MeasureError(f"{name} must be a sequence of whole numbers, got {shape!r}.",
                            f"pass {name} as a tuple, batch first, e.g. (2, 1, 64, 64, 64).")
+    dims = tuple(int(s) for s in dims)
     if not dims or any(s < 1 for s in dims):
         raise MeasureError(f"{name} {dims}: every size (batch included) must be >= 1.",
                            f"pass {name} batch first, every size >= 1, e.g. (2, 1, 64, 64, 64).")
