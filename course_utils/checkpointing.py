@@ -706,4 +706,4 @@ def recorded_benchmarks(net: str = "large", techniques: Sequence[str] | None = R
     return pd.DataFrame(rows)
 
 
-guard(globals(), TechniqueError, zero=("segments",))
+guard(globals(), TechniqueError, zero=("segments",), signed=("elementwise_bytes",), infinite=("memory_bytes_per_s",))

@@ -154,7 +154,10 @@ def _float_check(name: str, rules: dict) -> tuple[str, Callable, Callable]:
     def test(v: Any) -> bool:
         if not _is_real(v):
             return False
-        f = float(v)
+        try:
+            f = float(v)
+        except OverflowError:  # an int past float's range: infinite, for this check
+            f = math.inf if v > 0 else -math.inf
         if math.isnan(f):
             return nan
         if math.isinf(f) and not (infinite and f > 0):
@@ -301,12 +304,25 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-@functools.cache
+def _kind_errors() -> dict[type[CourseError], type[CourseError]]:
+    """Each family's error that is also a TypeError (``FitTypeError``, ...), made once, here, so
+    that a process pool can pickle one: its name resolves in this module."""
+    out = {}
+    for family in (CourseError, *FAMILIES):
+        name = family.__name__.removesuffix("Error") + "TypeError"
+        kind = type(name, (family, TypeError), {"__module__": __name__, "__qualname__": name, "__doc__": (
+            f"{family.__name__} for an argument of the wrong kind (a str for a number), as Python's own "
+            f"functions raise a TypeError; ``except {family.__name__}`` and ``except TypeError`` both catch it.")})
+        globals()[name] = out[family] = kind
+    return out
+
+
+_KIND_ERRORS = _kind_errors()
+
+
 def _kind_error(error: type[CourseError]) -> type[CourseError]:
-    """``error`` that is also a TypeError: an argument of the wrong kind (a str for a number), as
-    Python's own functions say; ``except FitError`` and ``except TypeError`` both catch it."""
-    return type(error.__name__, (error, TypeError), {"__module__": error.__module__,
-                                                     "__doc__": error.__doc__})
+    """``error``'s TypeError flavour (``_KIND_ERRORS``)."""
+    return _KIND_ERRORS[error]
 
 
 def _wrap(func: Callable, where: str, checks: tuple[Check, ...], error: type[CourseError]) -> Callable:
@@ -339,8 +355,8 @@ def guard(namespace: dict, error: type[CourseError], *, positive: tuple[str, ...
     ``positive`` / ``signed`` add names to ``POSITIVE`` / ``SIGNED``; ``zero``: names of
     ``POSITIVE`` that may be 0 here (0 meaning "none"); ``infinite``: float arguments that may be
     +inf (no limit); ``nan``: float arguments that may be NaN (not known); ``skip``: unchecked."""
-    if not (isinstance(error, type) and issubclass(error, CourseError)):
-        raise TypeError(f"guard's error must be a CourseError subclass, got {error!r}")
+    if error not in _KIND_ERRORS:
+        raise TypeError(f"guard's error must be CourseError or one of checks.FAMILIES, got {error!r}")
     module = namespace["__name__"]
     rules = {"positive": (POSITIVE | set(positive)) - set(signed), "signed": SIGNED | set(signed),
              "zero": frozenset(zero), "infinite": frozenset(infinite), "nan": frozenset(nan),

@@ -245,7 +245,7 @@ def recorded_largest_n(key: str = "03/largest_n") -> dict | None:
             "gpu": rec.meta["gpu"], "label": rec.label}
 
 
-def largest_n_on_a_card(budget_bytes: int, context_bytes: float, workspace_volumes: float,
+def largest_n_on_a_card(budget_bytes: float, context_bytes: float, workspace_volumes: float,
                         reserved_ratio: float, start: int = 16):
     """Seed 003's largest N on a card of ``budget_bytes``, one correction at a time, each a
     search over ``run_limit_test``'s predicted peak (``largest_that_fits``): the budget as 8 GiB

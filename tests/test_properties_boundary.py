@@ -19,6 +19,7 @@ numbers with relations between them) are in tests/test_properties_{numbers,files
 from __future__ import annotations
 
 import collections.abc
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -292,7 +293,7 @@ def test_a_good_argument_passes_the_guard(data):
 def test_the_guard_refuses_before_the_body_and_keeps_the_function_itself():
     from course_utils import budget, tiling
 
-    with pytest.raises(checks.TilingError, match=r"budget_bytes=0 .*Fix: pass budget_bytes as a whole number >= 1"):
+    with pytest.raises(checks.TilingError, match=r"budget_bytes=0 .*Fix: pass budget_bytes as a finite number > 0"):
         tiling.largest_tiled_n(0)
     assert inspect.unwrap(tiling.largest_tiled_n).__name__ == "largest_tiled_n"
     assert "budget_bytes" in inspect.signature(tiling.largest_tiled_n).parameters
@@ -306,3 +307,34 @@ def test_every_course_error_carries_its_fix():
     assert isinstance(err, ValueError) and err.fix.startswith("return")
     with pytest.raises(TypeError):
         checks.guard({"__name__": "x"}, ValueError)
+
+
+def test_every_guarded_default_passes_its_own_check():
+    """A default the guard would refuse is a false refusal waiting for the first call that passes
+    it back (``dataclasses.replace`` passes every field): CostEstimate's memory_bytes_per_s=inf
+    ("not counted") was refused so, until its module said ``infinite=``."""
+    refused = []
+    for where, obj, check, _ in ENTRY_POINTS:
+        func = inspect.unwrap(vars(obj)["__init__"] if inspect.isclass(obj) else obj)
+        default = inspect.signature(func).parameters[check.name].default
+        if dataclasses.is_dataclass(obj) and repr(default) == "<factory>":  # default_factory: call it
+            default = next(f for f in dataclasses.fields(obj) if f.name == check.name).default_factory()
+        if default is not inspect.Parameter.empty and not check.test(default):
+            refused.append(f"{where}: {check.name}={default!r}")
+    assert not refused, f"defaults the guard refuses: {refused}. Fix: the module's guard line (zero=, signed=, infinite=, nan=) or the annotation"
+
+
+def test_a_refusal_survives_a_process_pool_and_a_number_past_floats_range_is_refused():
+    """A wrong-kind argument inside a multiprocessing worker comes back pickled: the TypeError
+    flavour of a family's error must pickle (made on the fly, it did not). An int past float's
+    range (10**400) made the guard itself raise OverflowError."""
+    import pickle
+
+    from course_utils import budget, tiling
+
+    with pytest.raises(checks.TilingError) as info:
+        tiling.largest_tiled_n("8 GiB")
+    again = pickle.loads(pickle.dumps(info.value))
+    assert type(again) is type(info.value) and isinstance(again, TypeError) and str(again) == str(info.value)
+    with pytest.raises(checks.TechniqueError, match="Fix:"):
+        budget.usable_bytes(10**400)

@@ -17,7 +17,7 @@ from .step import tiled_step
 
 
 def measure_tiled_step(n: int, owned: int = 1, *, device: str | torch.device = "cuda",
-                       stream: bool = False, budget_bytes: int | None = None) -> dict:
+                       stream: bool = False, budget_bytes: float | None = None) -> dict:
     """Run seed 003's tiled step on an N^3 volume for real and measure it: on CUDA with the
     allocator's peaks (``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``, capped
     at ``budget_bytes`` with ``set_per_process_memory_fraction``; an out-of-memory error is
@@ -66,7 +66,7 @@ def measure_tiled_step(n: int, owned: int = 1, *, device: str | torch.device = "
     return row
 
 
-def measure_seed003_cuda(budget_bytes: int, margin_bytes: int = 256 * 2**20):
+def measure_seed003_cuda(budget_bytes: float, margin_bytes: float = 256 * 2**20):
     """On a CUDA GPU capped at ``budget_bytes``: seed 003's tiled step at the predicted largest
     N, at the largest N with ``margin_bytes`` left for cuDNN's workspaces (which the prediction
     does not see), and streamed from pinned host memory (slabs owning 32 depth voxels) where

@@ -108,7 +108,7 @@ def draw_shrinking(model: nn.Module, size: int = 16, tiles: int = 3, slab: int =
     return ax
 
 
-def seed003_table(budget_bytes: int, owned: Sequence[int] = (1, 4, 16), stream: bool = False):
+def seed003_table(budget_bytes: float, owned: Sequence[int] = (1, 4, 16), stream: bool = False):
     """Seed 003's net, tiled: for slabs owning ``owned`` depth voxels each, the largest N whose
     tiled step is predicted to fit ``budget_bytes``, and what its peak is made of."""
     import pandas as pd
@@ -135,7 +135,7 @@ def seed003_table(budget_bytes: int, owned: Sequence[int] = (1, 4, 16), stream: 
     return pd.DataFrame(rows)
 
 
-def draw_memory_vs_n(budget_bytes: int, ns: Sequence[int] | None = None, ax=None,
+def draw_memory_vs_n(budget_bytes: float, ns: Sequence[int] | None = None, ax=None,
                      marks: dict[str, int] | None = None):
     """Seed 003's step peak against N, predicted: untiled, tiled with the volume and target on
     the device (slabs owning 1 depth voxel), and tiled with the volume streamed from host

@@ -138,7 +138,7 @@ def predict_tiled_step(
                              f"{n_tiles} slabs, {where}")
 
 
-def largest_tiled_n(budget_bytes: int, build_model: Callable[[], nn.Module] | None = None, *,
+def largest_tiled_n(budget_bytes: float, build_model: Callable[[], nn.Module] | None = None, *,
                     owned: int = 1, stream: bool = False, optimizer: str | None = None,
                     dtype: torch.dtype = torch.float32, start: int = 16, limit: int = 1 << 14) -> int:
     """The largest cube side N whose tiled step is predicted to fit ``budget_bytes``, with
