@@ -113,7 +113,7 @@ LIMIT_FLAGS = ("--timeout", "--total-timeout", "--check-timeout", "--memory", "-
     ([LONG], "cannot be read (File name too long)"),
     ([""], "PATH '' is empty"),
     (["empty_dir"], "no notebooks (*.ipynb) in empty_dir: nothing to grade"),
-    (["a_file"], "a_file is not a notebook (*.ipynb)"),
+    (["a_file"], "no notebooks (*.ipynb) in a_file"),
     (["subs", "--json", "existing_dir"], "--json existing_dir: cannot write there (a folder, not a file)"),
     (["subs", "--json", ""], "--json '': cannot write there (an empty path)"),
     (["subs", "--json", "/dev/null/x"], "cannot write there (/dev/null is a file, not a folder)"),
@@ -290,3 +290,34 @@ def test_fresh_folder_removes_nothing_but_a_release_or_an_empty_folder(out, forc
                         | {"outer/work/empty"}), gone
         assert not gone or force
         assert full.is_relative_to(Path(tmp).resolve()) or not gone
+
+
+def test_release_force_never_removes_what_the_teacher_put_into_a_finished_release(sandbox):
+    """A finished release lists what it made in its marker (``_seal``). The nbgrader course folder
+    is where a teacher keeps submitted/, autograded/ and gradebook.db (docs/teaching.md), and a
+    student release is often a git repository: before, --force removed a marked folder whole."""
+    course = sandbox / "nbcourse"
+    (course / "source").mkdir(parents=True)
+    (course / release.MARKER).write_text(release.MARKER_TEXT)
+    release._seal(course)
+    assert release.made_by_release(course) == {release.MARKER, "source"}
+    (course / "submitted" / "alice").mkdir(parents=True)
+    (course / "gradebook.db").write_text("the class's scores\n")
+    before = _tree(sandbox)
+    line = _refused(release.main, ["nbcourse", "--force", "--nbgrader-course"], sandbox.parent)
+    assert "holds what no release made: gradebook.db, submitted" in line and "move those out" in line, line
+    assert _tree(sandbox) == before
+    (course / "gradebook.db").unlink()
+    (course / "submitted" / "alice").rmdir()
+    (course / "submitted").rmdir()
+    with pytest.raises(Worked):  # only what the release made: replaced (a new marker, not sealed yet)
+        release.main(["nbcourse", "--force", "--nbgrader-course"])
+    assert (course / release.MARKER).read_text() == release.MARKER_TEXT
+
+
+def test_a_stray_file_beside_the_notebooks_is_graded_as_before_not_a_refusal(sandbox):
+    """``grade submissions/*`` with a CSV among the notebooks: the class is graded and the stray
+    file gets its own "not graded" note, as before this issue; only when no path is a notebook
+    is the command refused."""
+    with pytest.raises(Worked, match="default_jobs"):
+        grade.main(["subs", SUBMISSION, "a_file"])

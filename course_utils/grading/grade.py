@@ -287,8 +287,9 @@ def _prepare_output(path: str | None, what: str) -> Path | None:
 
 
 def _check_paths(paths: list[str]) -> list[Path]:
-    """The notebooks ``paths`` name (``notebooks_in``), each path checked first: it exists, and
-    a file is a notebook (``*.ipynb``); CourseError otherwise, and when there is none at all."""
+    """The submissions ``paths`` name (``notebooks_in``), each path checked first: it exists and
+    can be read; CourseError otherwise, and when not one is a notebook (``*.ipynb``). A file that
+    is not a notebook, given beside notebooks, stays a submission: the grader notes it."""
     fix = "give notebooks named NN_name.ipynb, or the folders they are in"
     for path in paths:
         if not path.strip() or "\0" in path:
@@ -299,10 +300,8 @@ def _check_paths(paths: list[str]) -> list[Path]:
             raise CourseError(f"{shown_path(path)}: no such file or folder.", f"check the path; {fix}") from None
         except OSError as err:
             raise CourseError(f"{shown_path(path)}: cannot be read ({err.strerror}).", fix) from None
-        if not os.path.isdir(path) and not path.endswith(".ipynb"):
-            raise CourseError(f"{shown_path(path)} is not a notebook (*.ipynb): it cannot be a submission.", fix)
-    notebooks = notebooks_in(paths)
-    if not notebooks:
+    notebooks = notebooks_in(paths)  # a stray file beside the notebooks (a CSV in the glob) is noted, not graded
+    if not any(p.name.endswith(".ipynb") for p in notebooks):
         raise CourseError(f"no notebooks (*.ipynb) in {shown_path(', '.join(paths))}: nothing to grade.", fix)
     return notebooks
 

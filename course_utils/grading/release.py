@@ -167,6 +167,7 @@ def clean_notebook(path: Path, dest: Path) -> None:
 MARKER = ".course-release"
 MARKER_HEAD = "made by python -m course_utils.grading.release"
 MARKER_TEXT = f"{MARKER_HEAD}: --force may replace this folder (a folder without this file it never replaces)\n"
+MADE = "what the release made (--force replaces the folder only while it holds nothing else):"
 #: the repository's folders the release reads: OUT inside one would be copied into itself
 SOURCES = ("course_utils", "notebooks", "solutions", "exercises", *KEEP_DIRS)
 NAME_MAX = 255  # bytes in one file name (Linux, macOS)
@@ -215,15 +216,30 @@ def cannot_make(path: str | Path, folder: bool) -> str | None:
     return None if os.access(here, os.W_OK | os.X_OK) else f"{shown_path(here)} is not writable"
 
 
-def made_by_release(out: Path) -> bool:
-    """Whether ``out`` is a folder a release (or an nbgrader course) was written into: it holds
-    ``MARKER``, a file (not a link) that starts with ``MARKER_HEAD``."""
+def made_by_release(out: Path) -> set[str] | None:
+    """What a release (or an nbgrader course) wrote into ``out``, read from its ``MARKER`` (a file,
+    not a link, that starts with ``MARKER_HEAD``): the top-level names it made, listed there when
+    it finished (``_seal``); every name in ``out`` while that release never finished (it failed
+    half-way: nothing else was put there). None if ``out`` has no such marker."""
     marker = out / MARKER
     try:
-        return (not marker.is_symlink() and marker.is_file()
-                and marker.read_text(errors="replace").startswith(MARKER_HEAD))
+        if marker.is_symlink() or not marker.is_file():
+            return None
+        lines = marker.read_text(errors="replace").splitlines()
+        if not lines or not lines[0].startswith(MARKER_HEAD):
+            return None
+        if MADE in lines:
+            return {MARKER, *lines[lines.index(MADE) + 1:]}
+        return {p.name for p in out.iterdir()}
     except OSError:
-        return False
+        return None
+
+
+def _seal(out: Path) -> None:
+    """List in ``MARKER`` the top-level names the release made: ``--force`` replaces the folder
+    only while it holds nothing else (a teacher's submitted/, gradebook.db or .git stays safe)."""
+    names = sorted(p.name for p in out.iterdir() if p.name != MARKER)
+    (out / MARKER).write_text(MARKER_TEXT + MADE + "\n" + "".join(f"{n}\n" for n in names))
 
 
 def _fresh_folder(out: str | Path, force: bool, root: Path = ROOT) -> Path:
@@ -246,7 +262,12 @@ def _fresh_folder(out: str | Path, force: bool, root: Path = ROOT) -> Path:
             raise CourseError(f"OUT {shown_path(out)} is inside the repository's {name}/, which the release reads.", fix)
     if not (out.exists() or out.is_symlink()):
         return out
-    ours = not out.is_symlink() and out.is_dir() and (made_by_release(out) or not any(out.iterdir()))
+    made = made_by_release(out) if out.is_dir() and not out.is_symlink() else None
+    if made is not None and (extra := sorted(p.name for p in out.iterdir() if p.name not in made)):
+        raise CourseError(f"OUT {shown_path(out)} is a release's folder that now holds what no release made: "
+                          f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''}; --force would remove it.",
+                          f"{fix}, or move those out of {shown_path(out)} first")
+    ours = not out.is_symlink() and out.is_dir() and (made is not None or not any(out.iterdir()))
     if not ours:
         kind = ("a link" if out.is_symlink() else f"a folder no release made (no {MARKER} in it)" if out.is_dir()
                 else "a file")
@@ -303,6 +324,7 @@ def release(out: str | Path, root: Path = ROOT, force: bool = False) -> dict:
                                "pyproject.toml's layout")
         pyproject.write_text("# The course's package and its test settings (the student release)\n" + text)
     write_readme(out, root)
+    _seal(out)
     problems = check_release(out, root)
     if problems:
         raise RuntimeError("the release is not fit to hand out: " + "; ".join(problems))
@@ -559,6 +581,7 @@ def nbgrader_course(out: str | Path, root: Path = ROOT, force: bool = False) -> 
         names.append(name)
     shutil.copytree(root / "course_utils", out / "course_utils", ignore=_ignore)
     (out / "nbgrader_config.py").write_text(NBGRADER_CONFIG.format(assignments=", ".join(names)))
+    _seal(out)
     return names
 
 
