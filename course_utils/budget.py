@@ -53,19 +53,14 @@ class Overheads:
         return predicted_peak * (1 + self.slack) + self.workspace_bytes + self.context_mib * MiB
 
     def usable(self, card_bytes: float) -> float:
-        """The largest predicted allocated peak a card of ``card_bytes`` holds (``needed``'s inverse).
-        A card that does not hold the CUDA context and the workspaces is refused (a card given in
-        GiB where bytes are meant is the usual cause)."""
+        """The largest predicted allocated peak a card of ``card_bytes`` holds (``needed``'s inverse);
+        0 for a card that does not even hold the CUDA context and the workspaces (nothing fits). A
+        "card" under 1 MiB is refused: a card given in GiB where bytes are meant is the usual cause."""
         _check_bytes("Overheads.usable", "card_bytes", card_bytes, "the card's memory in bytes (8 GiB: 8 * 2**30)")
-        outside = self.context_mib * MiB + self.workspace_bytes
-        if card_bytes <= outside:
-            raise TechniqueError(
-                f"Overheads.usable: a card of {card_bytes:,.0f} bytes ({card_bytes / MiB:,.1f} MiB) does not even "
-                f"hold the CUDA context ({self.context_mib:,.0f} MiB) and the cuBLAS workspaces "
-                f"({self.workspace_bytes / MiB:,.1f} MiB) outside the prediction.",
-                "pass the card's memory in bytes (8 GiB: 8 * 2**30), a card larger than "
-                f"{outside / MiB:,.0f} MiB.")
-        return (card_bytes - self.context_mib * MiB - self.workspace_bytes) / (1 + self.slack)
+        if card_bytes < MiB:
+            raise TechniqueError(f"Overheads.usable: a card of {card_bytes:,.0f} bytes: less than 1 MiB.",
+                                 "pass the card's memory in bytes (8 GiB: 8 * 2**30), not in GiB.")
+        return max(0.0, (card_bytes - self.context_mib * MiB - self.workspace_bytes) / (1 + self.slack))
 
 
 def _check_bytes(where: str, name: str, value: float, what: str) -> None:

@@ -344,9 +344,7 @@ class _Fitter:
                                                    1 if spec.loop.mode != "train" else 2)
             over = replace(over, workspace_bytes=ws)
         self.over = over
-        # a card that does not hold the context and the workspaces holds no step: usable 0, nothing fits
-        outside = over.context_mib * 2**20 + over.workspace_bytes
-        self.usable = int(over.usable(card_gib * 2**30)) if card_gib * 2**30 > outside else 0
+        self.usable = int(over.usable(card_gib * 2**30))  # 0: the card does not even hold the context
         self.bar = bar
         self._preds: dict[tuple[str, int], Any] = {}
         self._costs: dict[tuple[str, int], StepCost] = {}

@@ -45,6 +45,7 @@ context, divided by 1 + the slack for workspaces and the allocator -- the same s
 
 from __future__ import annotations
 
+import math
 import numbers
 import time
 from dataclasses import dataclass
@@ -58,7 +59,7 @@ from torch.nn import functional as F
 from . import densenet as dn
 from . import session_cache
 from .budget import fixed_bytes, steady_state, usable_bytes
-from .checks import NetworkError, TechniqueError, guard
+from .checks import NetworkError, guard
 from .memory import predict_step
 
 #: the X-rays' own size (seed 004: "downsampling image to 512 x 512" from about 2000 x 2000)
@@ -301,17 +302,12 @@ def smallest_card(peak_bytes: float, cards: Sequence[float] = CARDS_GIB) -> floa
 
 
 def _card_budgets(cards: Sequence[float], where: str) -> dict[float, int]:
-    """{card: ``budget.usable_bytes(card)``}: every card in GiB, each larger than what
-    ``budget.Overheads`` keeps outside the prediction (the CUDA context)."""
-    out = {}
+    """{card: ``budget.usable_bytes(card)``} for every card in GiB (0 for one that does not even
+    hold the CUDA context: it holds no step)."""
     for c in cards:
-        if not c > 0:
+        if not (isinstance(c, numbers.Real) and not isinstance(c, bool) and 1 / 1024 <= c < math.inf):
             raise NetworkError(f"{where}: a card of {c!r} GiB.", "give each card's memory in GiB, e.g. (8, 16, 24).")
-        try:
-            out[c] = usable_bytes(c)
-        except TechniqueError as err:  # smaller than the CUDA context: budget's error, this family's type
-            raise NetworkError(f"{where}: the card of {c} GiB holds nothing: {err}") from err
-    return out
+    return {c: usable_bytes(c) for c in cards}
 
 
 # --------------------------------------------------------------------------------------------

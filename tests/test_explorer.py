@@ -159,9 +159,11 @@ def test_usable_is_the_card_less_the_context_and_workspaces_over_the_slack():
     assert over.usable(8 * GiB) == pytest.approx((8 * GiB - 500 * MiB - 8 * MiB) / 1.10)
     assert over.needed(over.usable(8 * GiB)) == pytest.approx(8 * GiB)
     assert ex.margin(SMALL, ASSUMED)["usable MiB"] == round((8 * GiB - 500 * MiB) / 1.10 / MiB)
-    for card in (8, 400 * MiB, -1.0, float("nan")):  # GiB where bytes are meant; below the context; not bytes
+    for card in (8, 1000, -1.0, float("nan")):  # GiB where bytes are meant; not bytes
         with pytest.raises(TechniqueError, match="Fix: "):
             over.usable(card)
+    assert over.usable(400 * MiB) == 0  # below the context: the card holds no step
+    assert ex.estimate(replace(SMALL, budget_gib=1), replace(ASSUMED, context_mib=1100)).largest_batch == 0
     with pytest.raises(TechniqueError, match="Fix: "):
         over.needed(float("nan"))
 

@@ -114,12 +114,16 @@ def test_a_negative_peak_gets_no_card():
         fr.smallest_card(-5)
 
 
-@pytest.mark.parametrize("cards", [(0, 8), (-16,), (0.25, 8)])
-def test_cards_that_hold_nothing_are_refused(cards):
-    """A card of 0 GiB, a negative one, one smaller than the CUDA context: refused, in this module's
-    error type (the context's own check is budget's), rather than skipped or sent to budget raw."""
+@pytest.mark.parametrize("cards", [(0, 8), (-16,), (float("nan"), 8), (1e-6,)])
+def test_cards_that_are_no_card_are_refused(cards):
+    """A card of 0 GiB, a negative one, NaN, one under a MiB (bytes where GiB are meant): refused,
+    in this module's error type, rather than skipped or sent to budget raw."""
     with pytest.raises(NetworkError, match="Fix: "):
         fr.smallest_card(1e9, cards)
+
+
+def test_a_card_smaller_than_the_cuda_context_holds_nothing_and_is_passed_over():
+    assert fr.smallest_card(1e9, (0.25, 8)) == 8 and fr.smallest_card(1e9, (0.25,)) is None
 
 
 def _hand_line(per_pixel=100.0):
