@@ -6,8 +6,13 @@ function-level import of a course module says why it waits (``# lazy: ...``, e.g
 MemTracker's import). No module imports a private name (``_x``) of another package or top-level
 module. ``tests/test_package_layout.py`` checks all of it against the lists below.
 
-Layer 1 -- foundations: they import nothing of the course
+Layer 1 -- foundations: of the course, they import only ``checks`` and ``files``, the first two
 
+* ``checks``         -- bad input refused where it is made: ``CourseError`` and one subclass per
+                        module family, the fix in every message; ``guard`` checks every public
+                        function's arguments against its annotations
+* ``files``          -- files written whole or not at all (``atomic_write``), read with the file and
+                        the fix named in every error (``read_json``)
 * ``config``         -- ``setup()``: device (CUDA if present) and size preset (``COURSE_SIZE``)
 * ``data``           -- synthetic 5-class 3D segmentation volumes
 * ``numerics``       -- ``relative_error`` and BatchNorm's arithmetic, shared by tiling, spatial
@@ -18,10 +23,6 @@ Layer 1 -- foundations: they import nothing of the course
 * ``tf32``           -- TF32: ``exact_fp32()`` for comparisons, ``emulate_tf32()`` for CI
 * ``cost``           -- what a step costs on a card: spec-sheet rates (``CARDS``), counted bytes
 * ``markdown``       -- link targets and code spans of Markdown, for the layout checks and the release
-* ``checks``         -- bad input refused where it is made: ``CourseError`` and one subclass per
-                        module family, the fix in every message; ``guard`` checks every public
-                        function's arguments against its annotations
-* ``files``          -- ``atomic_write``: a file written whole or not at all
 * ``layout``         -- the course's file names (a lesson, its exercise ``NN_topic_exercise``, its solution) and titles
 * ``parallel_plots`` -- drawings for notebooks 08 and 09: per-rank memory, pipeline schedules
 * ``fit_examples``   -- ResNet-18 and -50 2D, ViT-tiny, a 1D conv net: networks the course does not teach

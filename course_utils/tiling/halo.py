@@ -177,7 +177,7 @@ def conv_chain(model: nn.Module) -> ConvChain:
         raise TilingError("the model has no convolution: nothing to tile. Fix: " + _SUPPORTED)
     dims = {CONVS[type(l.module)] for l in convs}
     if len(dims) > 1:
-        raise TilingError(f"the model mixes convolutions of {sorted(dims)} spatial dims; "
+        raise TilingError(f"the model mixes convolutions of {sorted(dims)} spatial dims.",
                           "tile one kind at a time.")
     nd = dims.pop()
     halo = tuple(sum(l.radius[a] for l in convs) for a in range(nd))
@@ -196,8 +196,8 @@ def probe_halo(model: nn.Module, size: int = 15, trials: int = 3, seed: int = 0)
     input)."""
     convs = [m for m in model.modules() if type(m) in CONVS]
     if not convs:
-        raise TilingError("probe_halo needs a model with a convolution (to know the input's "
-                          "channels and dims)")
+        raise TilingError("probe_halo needs a model with a convolution (to know the input's channels and dims).",
+                          "give it the convolutional part of the network.")
     nd, cin = CONVS[type(convs[0])], convs[0].in_channels
     probe = copy.deepcopy(model).to(torch.float64)
     g = torch.Generator().manual_seed(seed)
@@ -216,7 +216,8 @@ def probe_halo(model: nn.Module, size: int = 15, trials: int = 3, seed: int = 0)
             break
     if not support.any():
         raise TilingError("the centre output voxel never depended on the input in "
-                          f"{20 * trials} random trials (dead activations?): nothing to probe")
+                          f"{20 * trials} random trials (dead activations?): nothing to probe.",
+                          "probe a freshly initialised model, or pass the halo to plan_tiles yourself (halo=).")
     halo = []
     for a in range(nd):
         idx = support.any(dim=tuple(d for d in range(nd) if d != a)).nonzero().flatten()

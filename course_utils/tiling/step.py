@@ -135,8 +135,8 @@ def run_chain(chain: ConvChain, x: torch.Tensor, tile: Tile | None = None,
             if i == stop_at_norm:
                 return x, local_own()
             if norm is None:
-                raise TilingError(f"{layer.name}: BatchNorm with batch statistics needs the "
-                                  "global statistics; run it through tiled_step.")
+                raise TilingError(f"{layer.name}: BatchNorm with batch statistics needs the global statistics.",
+                                  "run the model through tiled_step, which computes them.")
             x = norm(i, m, x, local_own())
             i += 1
         else:
@@ -178,10 +178,11 @@ def _check_inputs(chain: ConvChain, x: torch.Tensor, target: torch.Tensor) -> No
                           f"{getattr(x, 'shape', type(x).__name__)}. Fix: x[None, None] for one volume.")
     if x.shape[1] != chain.in_channels:
         raise TilingError(f"the first convolution takes {chain.in_channels} channel(s), x has "
-                          f"{x.shape[1]} (shape {tuple(x.shape)})")
+                          f"{x.shape[1]} (shape {tuple(x.shape)}).", "pass x as (batch, channels, *volume).")
     if tuple(target.shape[-nd:]) != tuple(x.shape[2:]) or target.shape[0] != x.shape[0]:
         raise TilingError(f"target {tuple(target.shape)} does not match the volume "
-                          f"{tuple(x.shape)}: the tiled loss cuts both at the same voxels")
+                          f"{tuple(x.shape)}: the tiled loss cuts both at the same voxels.",
+                          "pass the target of this volume: (batch, *volume).")
 
 
 # --------------------------------------------------------------------------------------------
