@@ -183,7 +183,7 @@ def _output_folder(out: str | Path) -> Path:
         fix = "pass out as a folder that exists or can be created, e.g. 'benchmarks/results'."
         why = write_error(path, err) if isinstance(err, OSError) else None
         raise TechniqueError(f"benchmark.run: out={str(out)!r} cannot be the results' folder: "
-                             + (str(why)[:-len(f" Fix: {why.fix}")] if why else f"{err}."),
+                             + (why.problem if why else f"{err}."),
                              f"{why.fix}; or {fix}" if why else fix) from None
     return path
 

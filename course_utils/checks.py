@@ -43,10 +43,8 @@ class CourseError(ValueError):
     """Bad input to the course: the message says what is wrong and, after ``Fix:``, what to do."""
 
     def __init__(self, message: str, fix: str | None = None):
-        if fix:
-            message = f"{message.rstrip()} Fix: {fix}"
-        super().__init__(message)
-        self.fix = fix
+        self.problem, self.fix = message.rstrip(), fix  # what is wrong; what to do (None: in the message)
+        super().__init__(f"{self.problem} Fix: {fix}" if fix else self.problem)
 
 
 class SetupError(CourseError):

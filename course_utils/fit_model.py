@@ -269,7 +269,7 @@ def build_model(build: Callable[[], nn.Module]) -> nn.Module:
     except FitError:
         raise
     except MeasureError as e:  # a .to() inside the builder
-        raise FitError(str(e).replace("the builder converts", "building the model converts")) from None
+        raise FitError(e.problem.replace("the builder converts", "building the model converts"), e.fix) from None
     except TypeError as e:
         if inspect.isclass(build) and "argument" in str(e):  # fit(MyNet): MyNet() without its arguments
             raise FitError(f"the builder is the class {build.__name__}, and {build.__name__}() fails ({e}). Fix: "

@@ -124,7 +124,7 @@ def _notebook(path: Path, root: Path) -> dict:
             raise RecordError(f"{path} should be a notebook, but its cells are not a list of cells.",
                               f"restore it (`git checkout -- {rel}`) or save it again from JupyterLab")
     except RecordError as err:
-        raise ScaffoldError(str(err).replace(str(path), rel)) from None
+        raise ScaffoldError(err.problem.replace(str(path), rel), err.fix and err.fix.replace(str(path), rel)) from None
     return nb
 
 
@@ -393,7 +393,7 @@ def _dist_folder(dist: str) -> Path:
         raise ScaffoldError(f"--dist {dist!r}: {err}.", fix) from None
     except OSError as err:
         why = write_error(dist, err)
-        raise ScaffoldError(f"--dist {dist!r}: {str(why)[:-len(f' Fix: {why.fix}')]}", why.fix) from None
+        raise ScaffoldError(f"--dist {dist!r}: {why.problem}", why.fix) from None
     return Path(dist)
 
 

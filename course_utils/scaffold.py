@@ -230,7 +230,8 @@ def timing_rows(root: Path = ROOT) -> dict[str, dict]:
     try:
         data = read_json(path, "the notebooks' timings", fix)
     except RecordError as err:
-        raise ScaffoldError(str(err).replace(str(path), "results/timings.json")) from None
+        raise ScaffoldError(err.problem.replace(str(path), "results/timings.json"),
+                            err.fix and err.fix.replace(str(path), "results/timings.json")) from None
     problem = timings_problem(data)
     if problem:
         raise ScaffoldError(f"results/timings.json: {problem}.", fix)
@@ -652,7 +653,7 @@ def scaffold(nn: str, title_text: str | None = None, root: Path = ROOT, timings:
         if isinstance(err, OSError):  # (atomic_write's own are RecordErrors already)
             err = write_error(root / (current or "results/timings.json"), err)
         if isinstance(err, CourseError):
-            said = str(err)[:-len(f" Fix: {err.fix}")] if err.fix else str(err)
+            said = err.problem
             raise ScaffoldError(f"{said.rstrip().rstrip('.')}; the scaffold put back every file it had written: the "
                                 "tree is as it was.", err.fix) from err
         raise

@@ -119,7 +119,7 @@ def _state(src: Path) -> dict[str, Any]:
     try:
         state = read_json(state_path, "a kit run's state (kit.json)", fix)
     except RecordError as err:
-        raise NotARun(str(err).removesuffix(f" Fix: {fix}"), fix) from None
+        raise NotARun(err.problem, fix) from None
     machine = state.get("machine")
     if not isinstance(state.get("tasks"), list) or not all(isinstance(t, dict) for t in state["tasks"]) \
             or not isinstance(machine, dict) or not all(isinstance(machine.get(k), str) for k in ("date", "gpu")):
