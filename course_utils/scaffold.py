@@ -614,18 +614,24 @@ def _exercise_text(entry: Entry, solution: str) -> str:
 TIMED_FILES = ("results/timings.json", "README.md", "docs/teaching.md", "docs/benchmark.md", "docs/gpu-kit.md")
 
 
-def _put_back(root: Path, old: dict[str, bytes | None], folders: list[Path]) -> None:
+def _put_back(root: Path, old: dict[str, bytes | None], folders: list[Path], wrote: dict[str, bytes]) -> list[str]:
     """Every file in ``old`` as it was (removed where it was not there), then the ``folders`` the
-    scaffold made, if empty."""
+    scaffold made, if empty. A file the scaffold wrote (``wrote``) that someone changed since is
+    left as it is; returns those."""
+    changed = []
     for rel, data in old.items():
         path = root / rel
-        if data is None:
+        now = path.read_bytes() if path.is_file() else None
+        if rel in wrote and now not in (wrote[rel], data):
+            changed.append(rel)
+        elif data is None:
             path.unlink(missing_ok=True)
-        elif not path.is_file() or path.read_bytes() != data:
+        elif now != data:
             atomic_write(path, data)
     for folder in reversed(folders):
         if folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
+    return changed
 
 
 def scaffold(nn: str, title_text: str | None = None, root: Path = ROOT, timings: bool = True) -> list[str]:
@@ -639,23 +645,24 @@ def scaffold(nn: str, title_text: str | None = None, root: Path = ROOT, timings:
     old = {rel: (root / rel).read_bytes() if (root / rel).is_file() else None for rel in touched}
     folders = sorted({p for rel in touched for p in (root / rel).parents
                       if root in p.parents and not p.exists()}, key=lambda p: len(p.parts))
-    done, current = [], None
+    done, current, wrote = [], None, {}
     try:
         for current, text, said in plan:
             atomic_write(root / current, text)
+            wrote[current] = text.encode() if isinstance(text, str) else text
             done.append(said)
         if timed:
             current = None
             _time(root, nn)
             done.append(f"timed {entry.notebook} and {entry.solution} into results/timings.json and docs/teaching.md")
     except BaseException as err:
-        _put_back(root, old, folders)
+        changed = _put_back(root, old, folders, wrote)
         if isinstance(err, OSError):  # (atomic_write's own are RecordErrors already)
             err = write_error(root / (current or "results/timings.json"), err)
         if isinstance(err, CourseError):
-            said = err.problem
-            raise ScaffoldError(f"{said.rstrip().rstrip('.')}; the scaffold put back every file it had written: the "
-                                "tree is as it was.", err.fix) from err
+            kept = f" but {', '.join(changed)}, changed since it wrote them" if changed else ""
+            raise ScaffoldError(f"{err.problem.rstrip('.')}; the scaffold put back every file it had written{kept}: "
+                                "the tree is as it was.", err.fix) from err
         raise
     return done
 
@@ -683,7 +690,9 @@ def _time(root: Path, nn: str) -> None:
     if r.returncode:
         raise ScaffoldError(f"timing notebook {nn} failed (python -m course_utils.readme --render --timings {nn}):\n"
                             + (r.stdout + r.stderr)[-3000:].rstrip() + "\n",
-                            "make the new notebook and its solution run top to bottom, then run the scaffold again")
+                            f"run the scaffold again with --no-timings (it keeps the files), make the notebook and its "
+                            f"solution run top to bottom, then time them: python -m course_utils.readme --render "
+                            f"--timings {nn}")
 
 
 NEXT_STEPS = """

@@ -415,3 +415,21 @@ def test_a_failed_write_puts_back_every_file_the_scaffold_wrote(course, monkeypa
     code, out, err = _main(scaffold.next_number(course), "Activation offloading", "--no-timings", root=course)
     assert _refused(code, err) and prev.notebook in err and "the disk is full" in err, err
     assert _tree(course) == before
+
+
+def test_a_file_changed_during_the_timing_is_not_put_back_over(course, monkeypatch):
+    """The timing runs for about a minute: a teacher who edits the new notebook meanwhile keeps the
+    edit when the timing then fails (the rest is put back, and the message names what was kept);
+    the fix says how to keep the files and time them later, not to fix files that are gone."""
+    nn = scaffold.next_number(course)
+
+    def edited_then_fails(root, nn_):  # noqa: ARG001 - _time's signature
+        entry = next(e for e in scaffold.entries(root) if e.nn == nn_)
+        (root / entry.notebook).write_text("the teacher's edit\n")
+        raise scaffold.ScaffoldError(f"timing notebook {nn_} failed.", "run the scaffold again with --no-timings")
+    monkeypatch.setattr(scaffold, "_time", edited_then_fails)
+    code, out, err = _main(nn, "Activation offloading", root=course)
+    kept = sorted((course / "notebooks").glob(f"{nn}_*.ipynb"))
+    assert code == 2 and "changed since it wrote them" in err and "--no-timings" in err, err
+    assert [p.read_text() for p in kept] == ["the teacher's edit\n"]
+    assert not list((course / "solutions").glob(f"{nn}_*.ipynb"))  # not edited: put back (removed)
