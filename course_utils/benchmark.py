@@ -18,9 +18,7 @@ per technique and net:
 from __future__ import annotations
 
 import datetime
-import errno
 import json
-import os
 import platform
 from dataclasses import replace
 from pathlib import Path
@@ -30,10 +28,10 @@ import torch
 
 from . import budget, cost, recorded
 from . import explorer
-from .checks import TechniqueError, guard
+from .checks import RecordError, TechniqueError, guard
 from .compare import step_time
 from .config import SEED000_VOLUME
-from .files import replacing, write_error
+from .files import make_folder, replacing
 from .memory import GiB, MiB, catch_oom, largest_that_fits, measure_step, memory_cap, predict_step
 
 TECHNIQUES: dict[str, dict[str, Any]] = {
@@ -172,20 +170,11 @@ def _refuse_bad_arguments(out: str | Path, nets: tuple[str, ...], budget_gib: in
 
 def _output_folder(out: str | Path) -> Path:
     """``out`` created (the run's first write, before its work), or a TechniqueError naming why not."""
-    path = Path(out)
     try:
-        if any(len(os.fsencode(part)) > 255 for part in path.parts):  # before mkdir makes its parents
-            raise OSError(errno.ENAMETOOLONG, "File name too long")
-        path.mkdir(parents=True, exist_ok=True)
-        if not os.access(path, os.W_OK):
-            raise PermissionError(errno.EACCES, "Permission denied")
-    except (OSError, ValueError) as err:  # ValueError: a NUL character in the path
-        fix = "pass out as a folder that exists or can be created, e.g. 'benchmarks/results'."
-        why = write_error(path, err) if isinstance(err, OSError) else None
-        raise TechniqueError(f"benchmark.run: out={str(out)!r} cannot be the results' folder: "
-                             + (why.problem if why else f"{err}."),
-                             f"{why.fix}; or {fix}" if why else fix) from None
-    return path
+        return make_folder(out)
+    except RecordError as why:
+        raise TechniqueError(f"benchmark.run: out={str(out)!r} cannot be the results' folder: {why.problem}",
+                             f"{why.fix.rstrip('.')}, e.g. out='benchmarks/results'.") from None
 
 
 def run(out: str | Path, nets: tuple[str, ...] = ("large",), budget_gib: int = 8,

@@ -9,6 +9,10 @@
   wrong kind of data) and ``fix``; ``skipped(err)`` warns (``SkippedFile``) that a reader left
   such a file out where the others still serve (one bad recording among several).
 
+* ``cannot_make(path, folder)`` -- why no folder (or file) can be made at ``path``, asked before
+  any work, nothing written; ``make_folder(path)`` makes one or says why not; ``shown_path`` puts
+  a path on one line of a message.
+
 A write that fails (a full disk, a read-only folder, a folder where the file goes) raises
 ``RecordError`` naming the file and the fix, and leaves the old file as it was and no temporary
 file beside it; ``write_error`` turns such an ``OSError`` into that error for a caller's own writes.
@@ -174,6 +178,68 @@ def read_json(path: str | Path, what: str = "a JSON file", fix: str = "restore i
     except OSError as err:
         raise bad(f"it cannot be read ({type(err).__name__}: {err.strerror or err})") from None
     return parse_json(raw, str(path), what, fix, kind)
+
+
+NAME_MAX = 255  # bytes in one file name (Linux, macOS)
+
+
+def shown_path(path: str | Path) -> str:
+    """``path`` for a one-line message: quoted when empty or holding a control character, cut
+    when long."""
+    text = str(path)
+    if not text or not text.isprintable():
+        text = repr(text)
+    return text if len(text) <= 80 else text[:60] + "[...]" + text[-15:]
+
+
+def cannot_make(path: str | Path, folder: bool) -> str | None:
+    """Why no folder (``folder``) or file can be made at ``path`` -- empty, a NUL in it, a name
+    too long, a file where a folder must be, no permission -- or None if it can. Nothing is
+    written: the command lines ask before any work."""
+    text = str(path)
+    if not text.strip():
+        return "an empty path" if not text else "a blank path"
+    if "\0" in text:
+        return "a NUL character in the path"
+    try:
+        encoded = os.fsencode(text)
+    except UnicodeError:
+        return "a character the file system cannot store"
+    if any(len(name) > NAME_MAX for name in encoded.split(b"/")):
+        return f"a name in it longer than {NAME_MAX} bytes"
+    given = here = text.rstrip("/") or "/"
+    while True:  # up to the nearest thing that exists ("." or "/" at the latest)
+        try:
+            st = os.stat(here or ".")
+            break
+        except (FileNotFoundError, NotADirectoryError):
+            if not here:
+                return "the current folder no longer exists"
+            if os.path.islink(here):
+                return f"{shown_path(here)} is a link to nothing"
+            here = os.path.dirname(here)
+        except OSError as err:
+            return f"{shown_path(here)} cannot be reached ({err.strerror})"
+    here, is_dir = here or ".", stat.S_ISDIR(st.st_mode)
+    if here == given and not folder:
+        return "a folder, not a file" if is_dir else (None if os.access(here, os.W_OK) else "not writable")
+    if not is_dir:
+        return f"{shown_path(here)} is a file, not a folder"
+    return None if os.access(here, os.W_OK | os.X_OK) else f"{shown_path(here)} is not writable"
+
+
+def make_folder(path: str | Path) -> Path:
+    """``path`` as a folder, made if it is not there (its parents too); RecordError naming why it
+    cannot be (``cannot_make``, or the failed ``mkdir``: ``write_error``) and the fix."""
+    problem = cannot_make(path, folder=True)
+    if problem:
+        raise RecordError(f"{shown_path(path)} cannot be a folder: {problem}.",
+                          "give a folder that exists or can be made, in a place you can write.")
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise write_error(path, err) from None
+    return Path(path)
 
 
 class SkippedFile(UserWarning):

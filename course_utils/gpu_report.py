@@ -33,7 +33,6 @@ import datetime
 import math
 import os
 import platform
-import stat
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,7 @@ import torch
 from . import recorded
 from .benchmark import TECHNIQUES, cuda_context_bytes
 from .checks import RecordError, guard
+from .files import cannot_make
 from .gpu_kit import budget, plan, record, summary, tasks
 from .gpu_kit.budget import RECORDED, Clock, Record, Task
 from .gpu_kit.importer import import_run
@@ -137,32 +137,6 @@ def print_plan(chosen: list[plan.Planned], done: dict[str, str], budget_s: float
 MAX_BUDGET_S = 7 * 24 * 3600
 
 
-def _folder_problem(text: str) -> str | None:
-    """Why ``text`` cannot be a folder the kit writes in (None: it can), found without making it."""
-    if not text:
-        return "it names no folder"
-    if "\0" in text:
-        return "it holds a NUL character, which no file name may"
-    path = Path(text).absolute()
-    if any(len(os.fsencode(part)) > 255 for part in path.parts):
-        return "a name in it is longer than the 255 bytes a file system takes"
-    for p in (path, *path.parents):  # the nearest that exists must be a folder this process can write
-        try:
-            mode = os.stat(p).st_mode
-        except FileNotFoundError:
-            if os.path.islink(p):
-                return f"{p} is a link to nothing"
-            continue
-        except NotADirectoryError:  # a file among its parents: found further up
-            continue
-        except OSError as err:  # a path too long, a loop of links
-            return f"{p}: {err.strerror or err}"
-        if not stat.S_ISDIR(mode):
-            return f"{p} is a file, not a folder"
-        return None if os.access(p, os.W_OK | os.X_OK) else f"{p} cannot be written"
-    return None
-
-
 def _is_folder(text: str) -> bool:
     try:
         return bool(text) and "\0" not in text and Path(text).is_dir()
@@ -178,7 +152,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise RecordError(f"--budget {args.budget:g} is not a number of seconds > 0 and <= {MAX_BUDGET_S} (a week).",
                           f"give the seconds the tasks may take in all, e.g. --budget {plan.DEFAULT_BUDGET_S}.")
     for option, value in (("OUT", args.out), ("--work", args.work)):
-        why = _folder_problem(value) if value is not None else None
+        why = cannot_make(value, folder=True) if value is not None else None
         if why:
             raise RecordError(f"{option} {value!r} cannot be the kit's folder: {why}.",
                               f"give {option} as a folder that exists or can be made" + (

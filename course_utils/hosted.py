@@ -41,7 +41,7 @@ from .budget import overheads
 from .checks import CourseError, RecordError, ScaffoldError, guard
 from .config import PRESETS
 from .explorer import PRECISIONS, Config, estimate
-from .files import atomic_write, read_json, replacing, write_error
+from .files import atomic_write, make_folder, read_json, replacing
 from .layout import exercise_name, notebook_title
 from .limit_test import input_bytes, run_limit_test
 from .memory import GiB, MiB
@@ -384,17 +384,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dist_folder(dist: str) -> Path:
     """``--dist DIR`` made before anything is done, or ``ScaffoldError`` naming why it cannot be."""
-    fix = "give a folder that exists or can be created, e.g. --dist dist"
-    if not dist.strip():
-        raise ScaffoldError("--dist '' names no folder.", fix)
     try:
-        Path(dist).mkdir(parents=True, exist_ok=True)
-    except ValueError as err:  # a NUL character
-        raise ScaffoldError(f"--dist {dist!r}: {err}.", fix) from None
-    except OSError as err:
-        why = write_error(dist, err)
-        raise ScaffoldError(f"--dist {dist!r}: {why.problem}", why.fix) from None
-    return Path(dist)
+        return make_folder(dist)
+    except RecordError as why:
+        raise ScaffoldError(f"--dist {dist!r}: {why.problem}", f"{why.fix.rstrip('.')}, e.g. --dist dist.") from None
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -594,7 +594,7 @@ def test_an_output_folder_that_cannot_be_made_is_refused_before_the_kit_starts(t
     minute of its machine's time, a CUDA context), then failed at its first write."""
     (tmp_path / "a_file").write_text("x")
     for out, why in ((tmp_path / "a_file", "is a file, not a folder"), (tmp_path / "a_file" / "sub", "is a file"),
-                     (tmp_path / ("n" * 300), "longer than the 255 bytes"), (f"{tmp_path}/bad\0path", "NUL"),
+                     (tmp_path / ("n" * 300), "longer than 255 bytes"), (f"{tmp_path}/bad\0path", "NUL"),
                      ("/dev/null/x", "/dev/null is a file")):
         _refused([str(out), "--dry-run", "--fresh"], capsys, "OUT ", why, "exists or can be made")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
@@ -651,3 +651,19 @@ def test_good_arguments_reach_the_kit(tmp_path, capsys, monkeypatch):
     assert [a.budget for a in seen] == [plan.DEFAULT_BUDGET_S, gpu_report.MAX_BUDGET_S]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]  # nothing made before the kit
     assert gpu_report.main(["--plan", "--only", "diagnose/seed003"]) == 0  # docs/gpu-runs, the default
+
+
+def test_one_owner_says_whether_a_folder_can_be_made(tmp_path):
+    """files.cannot_make / make_folder: the one answer release, grade, gpu_report, benchmark and
+    hosted give (each had its own, with its own rules for a NUL, a long name, a link to nothing)."""
+    from course_utils.files import cannot_make, make_folder
+
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    for path, why in (("", "an empty path"), (f"{tmp_path}/bad\0path", "a NUL"), (tmp_path / ("n" * 300), "255 bytes"),
+                      (tmp_path / "a_file" / "sub", "is a file, not a folder"), (tmp_path / "dangling", "a link to nothing")):
+        assert why in cannot_make(path, folder=True)
+        with pytest.raises(RecordError, match="Fix:"):
+            make_folder(path)
+    assert make_folder(tmp_path / "new" / "deeper").is_dir() and cannot_make(tmp_path / "x" / "y", folder=True) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "dangling", "new"]

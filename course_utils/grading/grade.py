@@ -39,11 +39,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..checks import CourseError
-from ..files import atomic_write
+from ..files import atomic_write, cannot_make, shown_path
 from . import limits
 from .grader import Grader, Options, Result, clip_text, containment
 from .intake import clean, clean_text
-from .release import cannot_make, shown_path
 
 
 # --------------------------------------------------------------------------------------------

@@ -43,7 +43,6 @@ import io
 import os
 import re
 import shutil
-import stat
 import string
 import sys
 from pathlib import Path
@@ -52,7 +51,7 @@ import nbformat
 import torch
 
 from ..checks import CourseError
-from ..files import read_json
+from ..files import cannot_make, read_json, shown_path
 from ..layout import exercise_name, lesson_stem
 from ..markdown import CODE, links
 from ..session_cache import shared
@@ -170,52 +169,6 @@ MARKER_TEXT = f"{MARKER_HEAD}: --force may replace this folder (a folder without
 MADE = "what the release made (--force replaces the folder only while it holds nothing else):"
 #: the repository's folders the release reads: OUT inside one would be copied into itself
 SOURCES = ("course_utils", "notebooks", "solutions", "exercises", *KEEP_DIRS)
-NAME_MAX = 255  # bytes in one file name (Linux, macOS)
-
-
-def shown_path(path: str | Path) -> str:
-    """``path`` for a one-line message: quoted when empty or holding a control character, cut
-    when long."""
-    text = str(path)
-    if not text or not text.isprintable():
-        text = repr(text)
-    return text if len(text) <= 80 else text[:60] + "[...]" + text[-15:]
-
-
-def cannot_make(path: str | Path, folder: bool) -> str | None:
-    """Why no folder (``folder``) or file can be made at ``path`` -- empty, a NUL in it, a name
-    too long, a file where a folder must be, no permission -- or None if it can. Nothing is
-    written: the command lines ask before any work."""
-    text = str(path)
-    if not text.strip():
-        return "an empty path" if not text else "a blank path"
-    if "\0" in text:
-        return "a NUL character in the path"
-    try:
-        encoded = os.fsencode(text)
-    except UnicodeError:
-        return "a character the file system cannot store"
-    if any(len(name) > NAME_MAX for name in encoded.split(b"/")):
-        return f"a name in it longer than {NAME_MAX} bytes"
-    given = here = text.rstrip("/") or "/"
-    while True:  # up to the nearest thing that exists ("." or "/" at the latest)
-        try:
-            st = os.stat(here or ".")
-            break
-        except (FileNotFoundError, NotADirectoryError):
-            if not here:
-                return "the current folder no longer exists"
-            here = os.path.dirname(here)
-        except OSError as err:
-            return f"{shown_path(here)} cannot be reached ({err.strerror})"
-    here, is_dir = here or ".", stat.S_ISDIR(st.st_mode)
-    if here == given and not folder:
-        return "a folder, not a file" if is_dir else (None if os.access(here, os.W_OK) else "not writable")
-    if not is_dir:
-        return f"{shown_path(here)} is a file, not a folder"
-    return None if os.access(here, os.W_OK | os.X_OK) else f"{shown_path(here)} is not writable"
-
-
 def made_by_release(out: Path) -> set[str] | None:
     """What a release (or an nbgrader course) wrote into ``out``, read from its ``MARKER`` (a file,
     not a link, that starts with ``MARKER_HEAD``): the top-level names it made, listed there when
