@@ -39,7 +39,7 @@ from .checks import RecordError, guard
 from .compare import technique_table
 from .config import SEED000_VOLUME
 from .files import atomic_write, read_json
-from .gpu_kit.plan import plan_table, timings_problem
+from .gpu_kit.plan import checked_timings, plan_table
 from .inplace_abn import bn_leaky_relu_inplace, inplace_abn
 from .benchmark import configs as benchmark_configs
 from .limit_test import input_bytes, run_limit_test
@@ -473,18 +473,9 @@ def read_figures(path: Path | None = None) -> dict[str, Any]:
 
 
 def read_timings(path: Path | None = None) -> dict[str, Any] | None:
-    """results/timings.json (``path``), checked (``gpu_kit.plan.timings_problem``); None where it
+    """results/timings.json (``path``), checked (``gpu_kit.plan.checked_timings``); None where it
     is absent; RecordError naming the file and the fix where it cannot be read."""
-    path = path or TIMINGS
-    if not path.exists() and not path.is_symlink():
-        return None
-    fix = (f"restore it (`git checkout -- {path}`), or time the notebooks again "
-           "(`python -m course_utils.readme --render --timings`)")
-    data = read_json(path, "the notebooks' timings", fix)
-    problem = timings_problem(data)
-    if problem:
-        raise RecordError(f"{path}: {problem}.", fix)
-    return data
+    return checked_timings(path or TIMINGS)
 
 
 def write_timings(only: list[str] | None = None) -> None:

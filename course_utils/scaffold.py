@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .checks import CourseError, RecordError, ScaffoldError, guard
-from .files import atomic_write, read_json, write_error
-from .gpu_kit.plan import timings_problem
+from .files import atomic_write, write_error
+from .gpu_kit.plan import checked_timings
 from .layout import EXERCISE_SUFFIX, exercise_name, lesson_stem, notebook_title
 from .markdown import links
 
@@ -221,20 +221,13 @@ def _part_keys(source: str) -> list[str]:
 
 def timing_rows(root: Path = ROOT) -> dict[str, dict]:
     """results/timings.json's rows ({} where the file is absent); ``ScaffoldError`` naming the file
-    and the fix where it cannot be read or is not a timings file (``gpu_kit.plan.timings_problem``)."""
+    and the fix where it cannot be read or is not a timings file (``gpu_kit.plan.checked_timings``)."""
     path = root / "results" / "timings.json"
-    if not path.exists() and not path.is_symlink():
-        return {}
-    fix = ("restore it (`git checkout -- results/timings.json`), or time the notebooks again "
-           "(`python -m course_utils.readme --render --timings`)")
     try:
-        data = read_json(path, "the notebooks' timings", fix)
+        data = checked_timings(path) or {"rows": {}}
     except RecordError as err:
         raise ScaffoldError(err.problem.replace(str(path), "results/timings.json"),
                             err.fix and err.fix.replace(str(path), "results/timings.json")) from None
-    problem = timings_problem(data)
-    if problem:
-        raise ScaffoldError(f"results/timings.json: {problem}.", fix)
     return data["rows"]
 
 

@@ -92,23 +92,29 @@ def _cells(path: Path) -> list[dict]:
     return cells
 
 
+def checked_timings(path: Path) -> dict[str, Any] | None:
+    """``results/timings.json`` at ``path``, checked (``timings_problem``): the one reader of the
+    file (the plan, README's tables, the scaffold, the release). None where it is absent;
+    RecordError naming the file and the fix where it cannot be read or is not a timings file."""
+    if not path.exists() and not path.is_symlink():
+        return None
+    fix = (f"restore it (`git checkout -- {path}`), or time the notebooks again "
+           "(`python -m course_utils.readme --render --timings`)")
+    data = read_json(path, "the notebooks' timings", fix)
+    problem = timings_problem(data)
+    if problem:
+        raise RecordError(f"{path}: {problem}.", fix)
+    return data
+
+
 def read_timings(root: Path = ROOT) -> dict[str, Any]:
     """``results/timings.json`` under ``root`` ({} where it is absent, or, with a warning naming it,
     where it cannot be read or a row's seconds are not numbers: the plan's estimates are then guesses)."""
-    path = root / "results" / "timings.json"
-    if not path.exists():
-        return {}
-    fix = f"restore it (`git checkout -- {path}`), or time the notebooks again " \
-          "(`python -m course_utils.readme --render --timings`)"
     try:
-        data = read_json(path, "the notebooks' timings", fix)
-        problem = timings_problem(data)
-        if problem:
-            raise RecordError(f"{path}: {problem}.", fix)
+        return checked_timings(root / "results" / "timings.json") or {}
     except RecordError as err:
         skipped(err)
         return {}
-    return data
 
 
 def timings_problem(data: dict[str, Any]) -> str:

@@ -51,7 +51,8 @@ import nbformat
 import torch
 
 from ..checks import CourseError
-from ..files import cannot_make, read_json, shown_path
+from ..files import cannot_make, shown_path
+from ..gpu_kit.plan import checked_timings
 from ..layout import exercise_name, lesson_stem
 from ..markdown import CODE, links
 from ..session_cache import shared
@@ -377,12 +378,9 @@ def write_readme(out: Path, root: Path = ROOT) -> Path:
     timing = ""
     timings = root / "results" / "timings.json"
     if timings.exists():
-        data = read_json(timings, "the notebooks' timings", "measure them again: `python -m course_utils.readme "
-                         "--render --timings`, or restore it (`git checkout -- FILE`)")
-        rows = data.get("rows") if isinstance(data.get("rows"), dict) else {}
-        seconds = sum(r.get("notebooks", 0) for r in rows.values()
-                      if isinstance(r, dict) and isinstance(r.get("notebooks", 0), (int, float)))
-        cores = data.get("meta", {}).get("cores") if isinstance(data.get("meta"), dict) else None
+        data = checked_timings(timings)  # RecordError naming the file and the fix where it is damaged
+        seconds = sum(r.get("notebooks", 0) for r in data["rows"].values())
+        cores = data["meta"].get("cores")
         on = f"a {cores}-core CPU" if cores else "a CPU"
         timing = (f"\nOne after the other, the notebooks run in about {max(1, round(seconds / 60))} minutes on "
                   f"{on} at the `tiny` preset, the exercises in less; `make test` spreads them over every\n"
