@@ -9,6 +9,7 @@
   wrong kind of data) and ``fix``; ``skipped(err)`` warns (``SkippedFile``) that a reader left
   such a file out where the others still serve (one bad recording among several).
 
+* ``read_notebook(path)`` -- a notebook's JSON, its cells checked, or the same ``RecordError``.
 * ``cannot_make(path, folder)`` -- why no folder (or file) can be made at ``path``, asked before
   any work, nothing written; ``make_folder(path)`` makes one or says why not; ``shown_path`` puts
   a path on one line of a message.
@@ -240,6 +241,22 @@ def make_folder(path: str | Path) -> Path:
     except OSError as err:
         raise write_error(path, err) from None
     return Path(path)
+
+
+NOTEBOOK_FIX = "restore it (`git checkout -- FILE`), or open and save it again in JupyterLab"
+
+
+def read_notebook(path: str | Path, fix: str = NOTEBOOK_FIX) -> dict[str, Any]:
+    """A notebook's JSON, its ``cells`` a list of cells, each with its ``cell_type`` (a str) and
+    ``source`` (a str or a list); ``RecordError`` naming the file, what is wrong and ``fix``
+    (``FILE`` in it becomes the path) otherwise. The one reader of a notebook the course checks."""
+    nb = read_json(path, "a notebook (JSON)", fix)
+    cells = nb.get("cells")
+    if not isinstance(cells, list) or not all(isinstance(c, dict) and isinstance(c.get("cell_type"), str)
+                                              and isinstance(c.get("source"), (str, list)) for c in cells):
+        raise RecordError(f"{path} should be a notebook, but its cells are not a list of cells, each with its "
+                          "type and source.", fix.replace("FILE", str(path)))
+    return nb
 
 
 class SkippedFile(UserWarning):

@@ -41,7 +41,7 @@ from .budget import overheads
 from .checks import CourseError, RecordError, ScaffoldError, guard
 from .config import PRESETS
 from .explorer import PRECISIONS, Config, estimate
-from .files import atomic_write, make_folder, read_json, replacing
+from .files import atomic_write, make_folder, read_json, read_notebook, replacing
 from .layout import exercise_name, notebook_title
 from .limit_test import input_bytes, run_limit_test
 from .memory import GiB, MiB
@@ -118,11 +118,7 @@ def _notebook(path: Path, root: Path) -> dict:
     """A notebook's JSON, or ``ScaffoldError`` naming the file and the fix."""
     rel = path.relative_to(root).as_posix()
     try:
-        nb = read_json(path, "a notebook (JSON)", f"restore it (`git checkout -- {rel}`) or save it again from JupyterLab")
-        if not (isinstance(nb.get("cells"), list) and all(isinstance(c, dict) and "cell_type" in c and "source" in c
-                                                          for c in nb["cells"])):
-            raise RecordError(f"{path} should be a notebook, but its cells are not a list of cells.",
-                              f"restore it (`git checkout -- {rel}`) or save it again from JupyterLab")
+        nb = read_notebook(path, f"restore it (`git checkout -- {rel}`) or save it again from JupyterLab")
     except RecordError as err:
         raise ScaffoldError(err.problem.replace(str(path), rel), err.fix and err.fix.replace(str(path), rel)) from None
     return nb

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path, PurePath
 
 from .checks import ScaffoldError, guard
-from .files import read_json
+from .files import read_notebook
 
 #: what an exercise's file name adds to its lesson's stem
 EXERCISE_SUFFIX = "_exercise"
@@ -35,9 +35,8 @@ def exercise_name(name: str | PurePath) -> str:
 def notebook_title(path: str | Path) -> str:
     """A notebook's title from its first cell's first line: '# 05 · In-place ReLU' -> 'In-place ReLU'.
     A file that is not such a notebook: ``RecordError`` (unreadable) or ``ScaffoldError`` (no title)."""
-    nb = read_json(path, "a notebook", "restore it (`git checkout -- FILE`), or open and save it in JupyterLab")
-    cells = nb.get("cells")
-    source = cells[0].get("source") if isinstance(cells, list) and cells and isinstance(cells[0], dict) else None
+    cells = read_notebook(path)["cells"]
+    source = cells[0]["source"] if cells else ""
     text = "".join(source) if isinstance(source, list) else source
     if not isinstance(text, str) or not text.strip():
         raise ScaffoldError(f"{path} has no title: its first cell is not a line '# NN · Title'.",

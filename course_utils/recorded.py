@@ -45,7 +45,7 @@ from typing import Any, Callable
 import torch
 
 from .checks import RecordError, guard
-from .files import atomic_write, parse_json, read_json, skipped
+from .files import atomic_write, parse_json, read_json, read_notebook, skipped
 
 ENV_VAR = "COURSE_RECORD_DIR"
 # where ``show``/``lookup`` read recorded figures from, instead of the repository's recorded/
@@ -428,11 +428,8 @@ def kit_machine(path: str | Path) -> tuple[dict[str, str], float | None]:
 
 def _executed_table(path: Path, cell_id: str, columns: tuple[str, ...]):
     """The table of ``columns`` that cell ``cell_id`` of the executed notebook ``path`` shows, or None."""
-    fix = _RUN_FIX.replace("FILE", str(path))
-    cells = read_json(path, "an executed notebook", fix).get("cells")
-    if not isinstance(cells, list):
-        raise RecordError(f"{path} is not a notebook: it has no list of cells.", fix)
-    cell = next((c for c in cells if isinstance(c, dict) and c.get("id") == cell_id), None)
+    cells = read_notebook(path, _RUN_FIX)["cells"]
+    cell = next((c for c in cells if c.get("id") == cell_id), None)
     for out in (cell or {}).get("outputs", []) if isinstance((cell or {}).get("outputs", []), list) else []:
         html = out.get("data", {}).get("text/html", "") if isinstance(out, dict) and isinstance(out.get("data"), dict) else ""
         html = "".join(html) if isinstance(html, list) and all(isinstance(h, str) for h in html) else html

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .checks import CourseError, RecordError, ScaffoldError, guard
-from .files import atomic_write, write_error
+from .files import atomic_write, read_notebook, write_error
 from .gpu_kit.plan import checked_timings
 from .layout import EXERCISE_SUFFIX, exercise_name, lesson_stem, notebook_title
 from .markdown import links
@@ -97,7 +97,7 @@ def title(root: Path, entry: Entry) -> str:
 
 
 def _cells(path: Path) -> list[dict]:
-    return json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return read_notebook(path)["cells"]
 
 
 def _source(cell: dict) -> str:

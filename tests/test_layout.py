@@ -42,7 +42,7 @@ def test_a_title_is_the_first_heading_without_its_number(tmp_path):
     ('{"cells": [{"source": ["# 05 · In-place', RecordError, "cut short"),  # a save interrupted
     ('[]', RecordError, r"is a list \(\[...\]\), not an object"),
     ('{"cells": []}', ScaffoldError, "has no title"),
-    ('{"cells": [{"source": 5}]}', ScaffoldError, "has no title"),
+    ('{"cells": [{"source": 5}]}', RecordError, "not a list of cells"),
 ])
 def test_a_notebook_without_a_readable_title_is_named_with_the_fix(tmp_path, content, error, words):
     """Before: a KeyError, IndexError or JSONDecodeError that named no file (the site, the

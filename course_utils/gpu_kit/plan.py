@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checks import RecordError, guard
-from ..files import read_json, skipped
+from ..files import read_json, read_notebook, skipped
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 #: what each window runs by default: a 15-minute loan less the machine's start (1-2 min), the
@@ -84,12 +84,7 @@ class Planned:
 
 
 def _cells(path: Path) -> list[dict]:
-    fix = f"restore it (`git checkout -- {path}`)"
-    cells = read_json(path, "a notebook", fix).get("cells")
-    if not isinstance(cells, list) or not all(isinstance(c, dict) and isinstance(c.get("source"), (str, list))
-                                              and isinstance(c.get("cell_type"), str) for c in cells):
-        raise RecordError(f"{path} is not a notebook: it needs a list of cells, each with its type and source.", fix)
-    return cells
+    return read_notebook(path)["cells"]
 
 
 def checked_timings(path: Path) -> dict[str, Any] | None:
