@@ -151,27 +151,29 @@ def _valid_machine(meta: dict) -> None:
 
 
 # -- readers ------------------------------------------------------------------------------------
-@given(kind=st.sampled_from(FILE_KINDS), data=hostile_bytes())
-def test_read_json_gives_an_object_or_names_the_file_and_the_fix(kind, data):
+def _read_planted(reader, name: str, kind: str, data: bytes):
+    """``reader`` on a file ``name`` planted as ``kind`` holding ``data``: what it read, or None
+    once its refusal is checked (``_refused``: the family's error, naming the file and the fix)."""
     with _folder() as d:
-        path = d / "x.json"
+        path = d / name
         _plant(path, kind, data)
         try:
-            assert isinstance(files.read_json(path), dict)
+            return reader(path)
         except Exception as err:  # noqa: BLE001 - the property is about which
             _refused(err, path)
+            return None
+
+
+@given(kind=st.sampled_from(FILE_KINDS), data=hostile_bytes())
+def test_read_json_gives_an_object_or_names_the_file_and_the_fix(kind, data):
+    got = _read_planted(files.read_json, "x.json", kind, data)
+    assert got is None or isinstance(got, dict)
 
 
 @given(kind=st.sampled_from(FILE_KINDS), data=hostile_bytes())
 def test_a_recording_is_read_whole_and_checked_or_refused(kind, data):
-    with _folder() as d:
-        path = d / "G.json"
-        _plant(path, kind, data)
-        try:
-            rec = recorded.read_recording(path)
-        except Exception as err:  # noqa: BLE001
-            _refused(err, path)
-            return
+    rec = _read_planted(recorded.read_recording, "G.json", kind, data)
+    if rec is not None:
         _valid_machine(rec["meta"])
         for fig in rec["figures"].values():
             assert fig["kind"] in ("json", "text", "table") and "data" in fig
@@ -300,14 +302,8 @@ def test_timings_give_estimates_or_guesses_and_readme_names_the_file(kind, data)
     "rows": st.lists(st.fixed_dictionaries({k: _text for k in ("key", "question", "seed", "course", "method")}),
                      max_size=2)})))
 def test_readme_figures_are_read_whole_or_refused(kind, data):
-    with _folder() as d:
-        path = d / "figures.json"
-        _plant(path, kind, data)
-        try:
-            figures = readme.read_figures(path)
-        except Exception as err:  # noqa: BLE001
-            _refused(err, path)
-            return
+    figures = _read_planted(readme.read_figures, "figures.json", kind, data)
+    if figures is not None:
         readme.render_figures(figures)
 
 
