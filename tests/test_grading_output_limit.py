@@ -78,29 +78,35 @@ def statuses(report: dict) -> list:
     return [(c["status"], c.get("ename")) for c in report["cells"]]
 
 
+def why(report: dict) -> str:
+    """The cells' statuses and what the runner said of its kernel: an assertion's message (CI,
+    2026-11-28: both cells "not run" once, at load 2, and the message did not say why)."""
+    return f"{statuses(report)}; {({k: report.get(k) for k in ('died', 'error', 'kernel_exit')})}"
+
+
 def test_a_caught_flood_is_not_interrupted_from_outside(reports):
     r = reports["caught"]
     # old runner: its SIGINT raised KeyboardInterrupt in the sleep (or lost the reply)
-    assert statuses(r) == [("flood", None), ("ok", None)], statuses(r)
+    assert statuses(r) == [("flood", None), ("ok", None)], why(r)
     assert r["output_bytes"] <= MOST  # what the later cell printed was dropped
 
 
 def test_one_print_bigger_than_the_limit_is_cut_at_the_limit(reports):
     r = reports["one_print"]
-    assert statuses(r) == [("flood", "OutputLimitExceeded"), ("ok", None)], statuses(r)
+    assert statuses(r) == [("flood", "OutputLimitExceeded"), ("ok", None)], why(r)
     assert r["output_bytes"] <= MOST  # old: all 5,000,001 characters were sent
 
 
 def test_a_display_loop_is_stopped_inside_the_kernel(reports):
     r = reports["display_loop"]
     # old: stopped only by the runner's SIGINT (ename KeyboardInterrupt), past the limit
-    assert statuses(r) == [("flood", "OutputLimitExceeded")], statuses(r)
+    assert statuses(r) == [("flood", "OutputLimitExceeded")], why(r)
     assert r["output_bytes"] <= MOST
 
 
 def test_a_cell_result_bigger_than_the_limit_is_not_sent(reports):
     r = reports["result"]
-    assert statuses(r) == [("flood", "OutputLimitExceeded"), ("ok", None)], statuses(r)
+    assert statuses(r) == [("flood", "OutputLimitExceeded"), ("ok", None)], why(r)
     assert r["output_bytes"] <= MOST
 
 
