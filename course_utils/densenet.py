@@ -40,10 +40,10 @@ from torch.nn import functional as F
 
 from . import session_cache
 from .checkpointing import checkpointed
-from .checks import NetworkError, RecordError, guard
+from .checks import NetworkError, guard
 from .memory import predict_step
 from .memory.meters import storage_key
-from .recorded import kit_results, run_label
+from .recorded import checked_rows, kit_results, run_label
 
 #: DenseNet-169 (torchvision's densenet169): growth 32, blocks (6, 12, 32, 32), bn_size 4,
 #: 64 initial features, compression 0.5
@@ -315,11 +315,8 @@ def recorded_kit_rows(task: str = KIT_TASK, folder=None):
     if not found:
         return pd.DataFrame()
     machine, result, path = found[-1]
-    rows = result.get("rows")
-    needed = {"case", "measured peak MiB", "predicted peak MiB"}
-    if not (isinstance(rows, list) and rows and all(isinstance(r, dict) and needed <= r.keys() for r in rows)):
-        raise RecordError(f"{path}: task {task!r} is done but its rows lack {sorted(needed)}.",
-                          f"restore it (`git checkout -- {path}`), or run the kit's task again.")
+    rows = checked_rows(result.get("rows"), {"case", "measured peak MiB", "predicted peak MiB"}, path,
+                        f"task {task!r}'s rows", empty_ok=False)
     df = pd.DataFrame(rows).set_index("case")
     df["measured / predicted"] = (df["measured peak MiB"] / df["predicted peak MiB"]).round(3)
     df.attrs.update({"run": run_label(machine), "context MiB": machine.get("context MiB")})

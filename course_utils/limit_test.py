@@ -182,10 +182,7 @@ def recorded_backward_excess(folder=None):
     found += [(m, result.get("rows") or [], path) for m, result, path in recorded.kit_results("examples/seed003", folder)]
     rows = []
     for m, limit_rows, path in found:
-        for r in limit_rows:
-            if not (isinstance(r, dict) and _LIMIT_KEYS <= r.keys()):
-                raise RecordError(f"{path}: a row of seed 003's limit lacks {sorted(_LIMIT_KEYS - set(r) if isinstance(r, dict) else _LIMIT_KEYS)}.",
-                                  f"restore it (`git checkout -- {path}`), or run the kit's task again.")
+        for r in recorded.checked_rows(limit_rows, _LIMIT_KEYS, path, "seed 003's limit rows"):
             measured = r["measured peak MiB"] - r["measured after forward MiB"]
             predicted = r["predicted peak MiB"] - r["predicted after forward MiB"]
             rows.append({"GPU run": recorded.run_label(m), "N": r["N"],

@@ -607,6 +607,16 @@ def kit_results(task: str, folder: str | Path | None = None) -> list[tuple[dict[
     return sorted(found, key=lambda f: f[0]["date"])
 
 
+def checked_rows(rows: Any, keys: set[str], path: Path, what: str, empty_ok: bool = True) -> list[dict[str, Any]]:
+    """``rows`` read from a GPU run's record ``path`` -- a list of objects, each with ``keys`` (and
+    at least one unless ``empty_ok``) -- or RecordError naming the file, ``what`` lacks and the fix."""
+    if not (isinstance(rows, list) and (rows or empty_ok)
+            and all(isinstance(r, dict) and keys <= r.keys() for r in rows)):
+        raise RecordError(f"{path}: {what} are not {'a' if empty_ok else 'a non-empty'} list of objects, "
+                          f"each with {', '.join(sorted(keys))}.", _RUN_FIX.replace("FILE", str(path)))
+    return rows
+
+
 def run_label(machine: dict[str, Any]) -> str:
     """A GPU run's label as the notebooks print it: "GPU, date, torch VERSION" (a kit's machine
     names its ``gpu``, a benchmark's meta its ``device``)."""

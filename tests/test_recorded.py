@@ -429,3 +429,17 @@ def test_a_damaged_diagnosis_names_its_file_and_the_fix(tmp_path):
     (details / "diagnose-seed003.json").write_text(json.dumps({"cuDNN default": [{"op": "x", "transient": 1}]}))
     with pytest.raises(RecordError, match="lacks one of"):
         limit_test.recorded_diagnosis(tmp_path)
+
+
+def test_a_finished_task_whose_rows_lack_their_figures_names_the_file_and_the_fix(tmp_path):
+    """Before this issue: a KeyError (or pandas' own) naming no file, from densenet.recorded_kit_rows
+    and limit_test.recorded_backward_excess alike; now recorded.checked_rows, for both."""
+    from course_utils import densenet, limit_test
+
+    _kit(tmp_path, "2026-01-01-g", "G", "2026-01-01",
+         [{"name": densenet.KIT_TASK, "status": "done", "result": {"rows": [{"case": "naive fp32"}]}},
+          {"name": "examples/seed003", "status": "done", "result": {"rows": [{"N": 128}]}}])
+    with pytest.raises(RecordError, match=r"2026-01-01-g/kit\.json: task .*'s rows are not a non-empty list.*Fix: "):
+        densenet.recorded_kit_rows(folder=tmp_path)
+    with pytest.raises(RecordError, match=r"kit\.json: seed 003's limit rows .*measured after forward MiB.*Fix: "):
+        limit_test.recorded_backward_excess(tmp_path)
