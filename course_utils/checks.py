@@ -318,11 +318,6 @@ def _kind_errors() -> dict[type[CourseError], type[CourseError]]:
 _KIND_ERRORS = _kind_errors()
 
 
-def _kind_error(error: type[CourseError]) -> type[CourseError]:
-    """``error``'s TypeError flavour (``_KIND_ERRORS``)."""
-    return _KIND_ERRORS[error]
-
-
 def _wrap(func: Callable, where: str, checks: tuple[Check, ...], error: type[CourseError]) -> Callable:
     @functools.wraps(func)
     def guarded(*args, **kwargs):
@@ -334,7 +329,7 @@ def _wrap(func: Callable, where: str, checks: tuple[Check, ...], error: type[Cou
                 if value is _MISSING:
                     continue
             if not c.test(value):
-                kind = error if c.kind(value) else _kind_error(error)
+                kind = error if c.kind(value) else _KIND_ERRORS[error]
                 raise kind(f"{where}: {c.name}={_show(value)} ({type(value).__name__}) is not "
                            f"{c.expected}.", f"pass {c.name} as {c.expected}.")
         return func(*args, **kwargs)
