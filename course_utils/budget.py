@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .checks import RecordError, TechniqueError, guard
-from .files import read_json, skipped
+from .files import skipped
 from .memory import MiB
-from .recorded import benchmark_records, kit_machine, lookup, run_label
+from .recorded import benchmark_records, lookup, read_kit, run_label
 from .recorded import runs_folder as recorded_runs
 
 
@@ -179,9 +179,9 @@ def context_readings(runs_folder: str | Path | None = None) -> list[ContextReadi
 
     for path in sorted(folder.glob("*/kit.json")) + sorted(folder.glob("*/limit.json")):
         try:
-            machine, mib = kit_machine(path)  # kit.json: its machine's reading
+            data, machine, mib = read_kit(path)  # kit.json: its machine's reading
             if path.name == "limit.json":  # the first run's: its limit step's own reading
-                over = read_json(path).get("overheads")
+                over = data.get("overheads")
                 mib = over.get("context MiB") if isinstance(over, dict) else None
         except RecordError as err:  # the others still serve
             skipped(err)

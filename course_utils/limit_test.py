@@ -173,8 +173,7 @@ def recorded_backward_excess(folder=None):
     found = []
     for path in sorted(recorded.runs_folder(folder).glob("*/limit.json")):  # the first run's own file
         try:
-            machine, _ = recorded.kit_machine(path)
-            data = read_json(path, "the first GPU run's limit.json", f"restore it (`git checkout -- {path}`)")
+            data, machine, _ = recorded.read_kit(path)
         except RecordError as err:
             skipped(err)
             continue

@@ -412,9 +412,10 @@ def _mib(value: Any, where: str, fix: str) -> float | None:
     return value
 
 
-def kit_machine(path: str | Path) -> tuple[dict[str, str], float | None]:
-    """The machine a GPU run's ``kit.json`` (or the first run's ``limit.json``) recorded, and the
-    CUDA context it measured (MiB, or None); RecordError naming the file and the fix."""
+def read_kit(path: str | Path) -> tuple[dict[str, Any], dict[str, str], float | None]:
+    """A GPU run's ``kit.json`` (or the first run's ``limit.json``) read once: its data, the
+    machine it recorded and the CUDA context it measured (MiB, or None); RecordError naming the
+    file and the fix."""
     path = Path(path)
     fix = _RUN_FIX.replace("FILE", str(path))
     data = read_json(path, "a GPU run's record (kit.json or limit.json)", fix)
@@ -423,7 +424,12 @@ def kit_machine(path: str | Path) -> tuple[dict[str, str], float | None]:
     context = m.get("context MiB")
     if context is None and isinstance(data.get("overheads"), dict):
         context = data["overheads"].get("context MiB")
-    return meta, _mib(context, f"{path}'s context MiB", fix)
+    return data, meta, _mib(context, f"{path}'s context MiB", fix)
+
+
+def kit_machine(path: str | Path) -> tuple[dict[str, str], float | None]:
+    """``read_kit``'s machine and CUDA context."""
+    return read_kit(path)[1:]
 
 
 def _executed_table(path: Path, cell_id: str, columns: tuple[str, ...]):
