@@ -233,6 +233,11 @@ def cublas_config_bytes(config: str) -> int:
     return sum(int(a) * int(b) * 1024 for a, b in pairs)
 
 
+#: the aten ops that run on cuBLAS on a GPU (a step with any of them keeps cuBLAS workspaces)
+CUBLAS_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "_scaled_mm", "addmv", "mv",
+                        "dot"})
+
+
 def cublas_workspaces(compute_capability: tuple[int, int] | None, handles: int,
                       config: str | None = None) -> tuple[int, str]:
     """(bytes, how): the cuBLAS workspaces a step keeps allocated once it has run a matrix

@@ -95,7 +95,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .amp_rules import autocast_rules
-from .budget import cublas_workspaces, ddp_bucket_bytes, fixed_bytes, overheads
+from .budget import CUBLAS_OPS, cublas_workspaces, ddp_bucket_bytes, fixed_bytes, overheads
 from .checks import FitError, guard
 from .cost import CARDS, ElementwiseBytes, SaveOnCpuMeter, card
 from .fit_model import (
@@ -129,8 +129,6 @@ MAX_CARD_GIB = 2**20
 _AUTOCAST = {"autocast-fp16": torch.float16, "autocast-bf16": torch.bfloat16}
 _PRECISION = {"autocast-fp16": "autocast_fp16", "autocast-bf16": "autocast_bf16"}  # cost.Card.flops keys
 _KEPT_FOR_BACKWARD = ("checkpoint-blocks", "selective", "offload")  # change what backward finds saved
-#: the aten ops that run on cuBLAS on a GPU (a step with any of them keeps cuBLAS workspaces)
-_CUBLAS_OPS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "_scaled_mm", "addmv", "mv", "dot"}
 
 
 def _gpus(tech: str) -> int:
@@ -194,7 +192,7 @@ class StepSpec:
 
 
 class _OpNames(TorchDispatchMode):
-    """The names of the aten ops a region runs (``_CUBLAS_OPS`` decides the workspace line)."""
+    """The names of the aten ops a region runs (``budget.CUBLAS_OPS`` decides the workspace line)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -245,7 +243,7 @@ def _probe(build: Callable[[], nn.Module], input_shape: tuple[int, ...], loss: s
                 out = model(x)
         except Exception as e:
             raise explain_failure(e, "the model's forward", input_shape) from e
-        cublas = bool(ops.names & _CUBLAS_OPS)
+        cublas = bool(ops.names & CUBLAS_OPS)
         if loop.mode == "inference":  # no loss, no target: the output is all there is
             sel = _selected(out, loop)
             shape = tuple(sel.shape) if isinstance(sel, torch.Tensor) else ()

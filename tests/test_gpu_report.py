@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_utils import files, gpu_report, recorded
+from course_utils import files, gpu_report, memory, recorded
 from course_utils.checks import RecordError
 from course_utils.files import SkippedFile
 from course_utils.gpu_kit import budget, diagnose, importer, plan, record, tasks
@@ -97,7 +97,7 @@ def test_a_bounded_command_and_everything_it_started_end_at_its_deadline(tmp_pat
 def test_the_plan_runs_the_diagnosis_first_and_the_notebooks_with_most_gpu_cells_first():
     tasks_ = plan.planned()
     names = [t.name for t in tasks_]
-    assert names[:5] == [n for n in plan.TASKS if n.startswith("diagnose/")]
+    assert names[:7] == [n for n in plan.TASKS if n.startswith("diagnose/")]
     assert names.index("tests") < names.index("benchmark/large") < names.index("examples/seed003")
     nbs = [t for t in tasks_ if t.group == "notebook"]
     assert len(nbs) == len(list((plan.ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))
@@ -436,7 +436,7 @@ def test_the_prediction_op_by_op_names_the_op_a_real_kernel_allocates_more_for()
     assert cmp["ops whose outputs are smaller"] == [] and "predicted, op by op" in detail
     measured, _ = diagnose.op_memory_step(*diagnose.cases(True)["large-fp32"][:2], device="cpu", n_classes=5)
     build, shape, kw = diagnose.cases(True)["large-fp32"]
-    fake, _ = diagnose.op_memory_step(build, shape, device="cpu", within=diagnose.predicted_rules(None), **kw)
+    fake, _ = diagnose.op_memory_step(build, shape, device="cpu", within=memory.cuda_rules(None), **kw)
     same = diagnose.compare_ops(measured, fake)
     assert same["ops whose outputs are larger"] == same["ops whose outputs are smaller"] == []
     assert same["ops matched"] > 300

@@ -28,21 +28,31 @@ On a CPU (the kit's dry run) the same code runs at tiny sizes, read by a ``LiveB
 from __future__ import annotations
 
 import contextlib
-import difflib
 import os
 from dataclasses import replace
 from typing import Any, Callable, Iterator
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .. import allocator
 from .. import explorer
-from ..amp_rules import autocast_rules
 from ..benchmark import configs
 from ..checks import RecordError, guard
 from ..limit_test import LimitTestNet
-from ..memory import LiveBytes, LiveBytesStats, MiB, OpTransients, measure_step, op_memory_step, predict_step
+from ..memory import (
+    BOOKKEEPING,
+    LiveBytes,
+    LiveBytesStats,
+    MiB,
+    OpTransients,
+    align_ops,
+    cuda_rules,
+    measure_step,
+    op_memory_step,
+    predict_step,
+)
+from ..fit import variant
+from ..fit_examples import vit_tiny
 from ..unet import UNet3D
 
 #: name -> the backends' switches it sets (anything not named keeps PyTorch's default)
@@ -57,6 +67,8 @@ _SWITCHES = {"cudnn.benchmark": (torch.backends.cudnn, "benchmark"),
              "cudnn.enabled": (torch.backends.cudnn, "enabled"),
              "cuda.matmul.allow_tf32": (torch.backends.cuda.matmul, "allow_tf32")}
 TINY_VOLUME = (16, 32, 32)
+#: fit's ViT-tiny as the kit's examples/fit runs it: (build, full shape, dry run's shape, classes)
+VIT_TINY = (vit_tiny, (256, 3, 64, 64), (2, 3, 64, 64), 10)
 SEED003_N = 128
 
 
@@ -83,15 +95,21 @@ def cases(dry_run: bool) -> dict[str, tuple[Callable[[], torch.nn.Module], tuple
     cube = (1, 1, n, n, n)
     out = {"seed003": (LimitTestNet, cube, dict(target_shape=cube, optimizer=None, steady_state=False))}
     for key, net, technique in (("small-fp16", "small", "fp16 model (seed 000)"),
-                                ("large-fp32", "large", "baseline fp32")):
+                                ("large-fp32", "large", "baseline fp32"),
+                                ("small-autocast-lean", "small", "autocast fp16 + lean Up")):
         cfg = configs(net)[technique]
         if dry_run:
             cfg = replace(cfg, volume=TINY_VOLUME)
         dtype, ac = explorer.PRECISIONS[cfg.precision]
         if dry_run and dtype == torch.float16:  # reduced-precision Conv3d on a CPU: ~500x slower than fp32
             dtype = torch.float32
+        if dry_run and ac == torch.float16:
+            ac = None
         out[key] = ((lambda cfg=cfg: explorer.build(cfg)), (cfg.batch, 1, *cfg.volume),
                     dict(n_classes=5, dtype=dtype, autocast_dtype=ac))
+    build, full, tiny, classes = VIT_TINY
+    shape = tiny if dry_run else full
+    out["vit-tiny"] = (variant(build, "plain"), shape, dict(target_shape=(shape[0],), n_classes=classes))
     return out
 
 
@@ -122,40 +140,22 @@ def summarize_ops(ops: OpTransients, predicted: int | None = None, top: int = 5)
     return out
 
 
-@contextlib.contextmanager
-def predicted_rules(autocast_dtype: Any) -> Iterator[None]:
-    """What ``predict_step`` runs a step in: fake tensors, CUDA's autocast op lists."""
-    with FakeTensorMode(), autocast_rules("cuda" if autocast_dtype is not None else None):
-        yield
-
-
-#: ops that allocate nothing and that one way of running a step issues and another does not
-#: (fake tensors ask for ``prim::device``; autograd detaches what it saves)
-_BOOKKEEPING = ("device", "detach", "lift_fresh", "alias")
-
-
 def compare_ops(measured: OpTransients, predicted: OpTransients, top: int = 8) -> dict[str, Any]:
     """The two steps' ops aligned by name (``difflib``, bookkeeping ops left out), and where an
     op's new output storages are larger in ``measured`` than in ``predicted``: memory a real
     kernel allocates that the fake kernels the prediction follows do not (an output kept in a
     larger buffer, a scratch tensor returned with the result)."""
-    a = [r for r in measured.rows if r.op not in _BOOKKEEPING]
-    b = [r for r in predicted.rows if r.op not in _BOOKKEEPING]
-    matcher = difflib.SequenceMatcher(None, [r.op for r in a], [r.op for r in b], autojunk=False)
-    larger, smaller, matched = [], [], 0
-    for block in matcher.get_matching_blocks():
-        for i in range(block.size):
-            ra, rb = a[block.a + i], b[block.b + i]
-            matched += 1
-            d = ra.new_outputs - rb.new_outputs
-            row = {"op": ra.op, "phase": ra.phase, "node": ra.node, "index": ra.index,
-                   "measured MiB": _mib(ra.new_outputs), "predicted MiB": _mib(rb.new_outputs), "bytes more": d}
-            (larger if d > 0 else smaller if d < 0 else []).append(row)
-    unmatched = lambda rows, side: sorted({r.op for j, r in enumerate(rows) if j not in side})  # noqa: E731
-    in_a = {block.a + i for block in matcher.get_matching_blocks() for i in range(block.size)}
-    in_b = {block.b + i for block in matcher.get_matching_blocks() for i in range(block.size)}
-    out = {"ops matched": matched, "ops only measured": unmatched(a, in_a)[:10],
-           "ops only predicted": unmatched(b, in_b)[:10],
+    pairs = align_ops(measured.rows, predicted.rows)
+    larger, smaller = [], []
+    for ra, rb in pairs:
+        d = ra.new_outputs - rb.new_outputs
+        row = {"op": ra.op, "phase": ra.phase, "node": ra.node, "index": ra.index,
+               "measured MiB": _mib(ra.new_outputs), "predicted MiB": _mib(rb.new_outputs), "bytes more": d}
+        (larger if d > 0 else smaller if d < 0 else []).append(row)
+    paired = {id(r) for pair in pairs for r in pair}
+    unmatched = lambda rows: sorted({r.op for r in rows if id(r) not in paired and r.op not in BOOKKEEPING})  # noqa: E731
+    out = {"ops matched": len(pairs), "ops only measured": unmatched(measured.rows)[:10],
+           "ops only predicted": unmatched(predicted.rows)[:10],
            "outputs larger than predicted MiB": _mib(sum(r["bytes more"] for r in larger)),
            "outputs smaller than predicted MiB": _mib(-sum(r["bytes more"] for r in smaller))}
     for label, rows in (("larger", larger), ("smaller", smaller)):
@@ -202,7 +202,7 @@ def step_case(name: str, dry_run: bool, log: Callable[[str], None] = print) -> t
         result["settings"][label] = {"switches": switches, **summarize_ops(ops, pred.peak)}
         detail[label] = [r.as_dict() for r in ops.rows]
         if label == "cuDNN default":  # the measured step's ops against the predicted step's, one by one
-            fake, _ = op_memory_step(build, shape, device="cpu", within=predicted_rules(kw.get("autocast_dtype")), **kw)
+            fake, _ = op_memory_step(build, shape, device="cpu", within=cuda_rules(kw.get("autocast_dtype")), **kw)
             result["outputs against the prediction"] = compare_ops(ops, fake)
             detail["predicted, op by op"] = [r.as_dict() for r in fake.rows]
         log(f"diagnose/{name}, {label}: peak {result['settings'][label]['peak MiB']} MiB, "

@@ -6,7 +6,9 @@ Order (``planned``):
 
 1. ``diagnose/*`` -- the open misses of the first GPU run, opened up op by op (``diagnose``):
    cuBLAS's workspace, seed 003's net (+16 % in backward), the small net in fp16 (+6 %), the large
-   net in fp32 (the control, -0.3 %), the allocator model's peak reserved (304 vs 374 MiB);
+   net in fp32 (the control, -0.3 %), the allocator model's peak reserved (304 vs 374 MiB); and
+   what the convolution-workspace model (``memory.workspaces``) leaves open on the H200: the small
+   net under autocast with the lean Up (the model 8.6 % over), fit's ViT-tiny (6.9 % under);
 2. ``tests`` -- the ``gpu``-marked tests;
 3. ``benchmark/large``, ``benchmark/small`` -- every technique on seed 000's nets, predicted and
    measured;
@@ -57,6 +59,9 @@ TASKS: dict[str, tuple[float, str]] = {
     "diagnose/seed003": (30, "guess: the step at N = 128 under four settings, cuDNN's autotuner among them"),
     "diagnose/small-fp16": (45, "guess: four full-size steps op by op, and the live blocks at the peak"),
     "diagnose/large-fp32": (60, "guess: as the small net's, with the large net (0.13 s a step, " + _RUN_1 + ")"),
+    "diagnose/small-autocast-lean": (45, "guess: as the small net's in fp16 (the 2026-11-27 run: 6.1 s), autocast "
+                                     "and the lean Up"),
+    "diagnose/vit-tiny": (20, "guess: fit's ViT-tiny at notebook 11's shape, four steps op by op"),
     "diagnose/allocator": (20, "guess: two steps of a small U-Net, real and replayed through the allocator model"),
     "tests": (35, _RUN_1 + ": 24 s of pytest, 35 s in all"),
     "benchmark/large": (100, "guess from 91 s " + _RUN_1 + ", when every largest-batch search stopped at "

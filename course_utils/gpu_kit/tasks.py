@@ -25,7 +25,7 @@ from ..files import atomic_write, read_json, skipped
 from .. import benchmark, recorded
 from ..densenet import densenet169, seed004_step_args
 from ..fit import variant
-from ..fit_examples import conv1d_net, resnet18_2d, vit_tiny
+from ..fit_examples import conv1d_net, resnet18_2d
 from ..limit_test import run_limit_test
 from ..memory import MiB, measure_step, predict_step
 from . import diagnose, plan, record
@@ -240,7 +240,7 @@ def densenet(kit: Kit) -> dict[str, Any]:
 
 #: fit's example networks at notebook 11's shapes (dry run: small ones), with their classes
 FIT_EXAMPLES = {"resnet18_2d": (resnet18_2d, (32, 3, 224, 224), (2, 3, 32, 32), 10),
-                "vit_tiny": (vit_tiny, (256, 3, 64, 64), (2, 3, 64, 64), 10),
+                "vit_tiny": diagnose.VIT_TINY,
                 "conv1d_net": (conv1d_net, (64, 1, 4096), (2, 1, 256), 5)}
 
 

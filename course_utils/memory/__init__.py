@@ -42,7 +42,11 @@ Where things are (every name below is also importable from ``course_utils.memory
 * ``cuda``       -- ``cuda_peak`` (``CudaPeak``), ``memory_cap``, ``require_cuda``;
 * ``transients`` -- ``OpTransients`` (``OpMemory``, ``CudaStats``, ``LiveBytesStats``, ``BLOCK``): what
   each op keeps and what it needs only while it runs (a cuDNN workspace, cuBLAS's), measured on a
-  GPU op by op; ``op_memory_step``, ``measure_step``'s step so recorded.
+  GPU op by op; ``op_memory_step``, ``measure_step``'s step so recorded; ``conv_operands``,
+  ``align_ops`` (two recordings of a step paired op by op, ``BOOKKEEPING`` ops left out);
+* ``workspaces`` -- cuDNN's convolution workspaces added to a prediction at the op that takes them:
+  ``WorkspaceRule`` (``TRANSPOSED_COPIES``, ``NO_WORKSPACE``, ``CONV_OPS``), ``predict_with_workspaces``
+  (``WorkspacePeak``), ``peak_with_workspaces``, ``predict_ops``, ``cuda_rules``.
 """
 
 from .cuda import CudaPeak, cuda_peak, memory_cap, require_cuda
@@ -63,8 +67,29 @@ from .predict import (
     step_parts,
     target_spec,
 )
-from .transients import BLOCK, CudaStats, LiveBytesStats, OpMemory, OpTransients, op_memory_step
+from .transients import (
+    BLOCK,
+    BOOKKEEPING,
+    CudaStats,
+    LiveBytesStats,
+    OpMemory,
+    OpTransients,
+    align_ops,
+    conv_operands,
+    op_memory_step,
+)
 from .units import GiB, MiB, mib, tensor_bytes
+from .workspaces import (
+    CONV_OPS,
+    NO_WORKSPACE,
+    TRANSPOSED_COPIES,
+    WorkspacePeak,
+    WorkspaceRule,
+    cuda_rules,
+    peak_with_workspaces,
+    predict_ops,
+    predict_with_workspaces,
+)
 
 #: hook_table's names, imported on first use (PEP 562): MemoryLog subclasses MemTracker, whose import
 #: brings torch.distributed, DTensor, dynamo and inductor -- 1.8 of the 5.2 CPU-s of ``import
@@ -95,6 +120,9 @@ __all__ = [
     "MAX_ELEMENTS", "Prediction", "adopt_fake_tensors", "build_fake", "cuda_dropout", "default_dtype", "make_optimizer", "measure_step", "method_label",
     "predict_step", "prime_optimizer",
     "step_parts", "target_spec",
-    "BLOCK", "CudaStats", "LiveBytesStats", "OpMemory", "OpTransients", "op_memory_step",
+    "BLOCK", "BOOKKEEPING", "CudaStats", "LiveBytesStats", "OpMemory", "OpTransients", "align_ops", "conv_operands",
+    "op_memory_step",
+    "CONV_OPS", "NO_WORKSPACE", "TRANSPOSED_COPIES", "WorkspacePeak", "WorkspaceRule", "cuda_rules",
+    "peak_with_workspaces", "predict_ops", "predict_with_workspaces",
     "GiB", "MiB", "mib", "tensor_bytes",
 ]

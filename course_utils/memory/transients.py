@@ -10,6 +10,10 @@ synchronised readings of the CUDA caching allocator::
 
 and each op gets one ``OpMemory`` row:
 
+* ``conv_operands`` -- for a convolution, the bytes of its two activation operands: input + output
+  in forward (``convolution``), input + output gradient in backward (``convolution_backward``);
+  0 for every other op. What cuDNN's workspace follows (``memory.workspaces``);
+
 * ``new_outputs`` -- the bytes of the output storages the op created (not an input's storage, as
   an in-place op or a view returns), each rounded to the allocator's 512-byte blocks;
 * ``kept_extra = after - before - new_outputs`` -- memory the op allocated and kept that is no
@@ -31,6 +35,7 @@ by construction, which is how the tests and the GPU kit's dry run exercise the s
 from __future__ import annotations
 
 import contextlib
+import difflib
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
@@ -120,6 +125,8 @@ class OpMemory:
     after: int
     peak: int
     new_outputs: int
+    conv_operands: int = 0  # a convolution's input + output (forward) / input + output gradient (backward)
+    conv_itemsize: int = 0  # a convolution's bytes per element (4: fp32; 2: fp16, bf16); 0 for other ops
 
     @property
     def kept_extra(self) -> int:
@@ -131,6 +138,42 @@ class OpMemory:
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "kept_extra": self.kept_extra, "transient": self.transient}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "OpMemory":
+        """A row as ``as_dict`` wrote it (a GPU run's details archive); rows recorded before
+        ``conv_operands`` existed get 0."""
+        return cls(d["index"], d["op"], d["phase"], d.get("node", ""), d["before"], d["after"], d["peak"],
+                   d["new_outputs"], d.get("conv_operands", 0), d.get("conv_itemsize", 0))
+
+
+def _nbytes(t: Any) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def conv_operands(op: str, args: Any, out: Any) -> tuple[int, int]:
+    """``(bytes, itemsize)`` of a convolution's two activation operands: ``convolution(input,
+    weight, ...)`` -> input + output; ``convolution_backward(grad_output, input, weight, ...)`` ->
+    input + output gradient; the input's bytes per element. ``(0, 0)`` for any other op."""
+    if op == "convolution":
+        return _nbytes(args[0]) + _nbytes(out), args[0].element_size()
+    if op == "convolution_backward":
+        return _nbytes(args[1]) + _nbytes(args[0]), args[1].element_size()
+    return 0, 0
+
+
+#: ops that allocate nothing and that one way of running a step issues and another does not
+#: (fake tensors ask for ``prim::device``; autograd detaches what it saves)
+BOOKKEEPING = ("device", "detach", "lift_fresh", "alias")
+
+
+def align_ops(a: list[OpMemory], b: list[OpMemory]) -> list[tuple[OpMemory, OpMemory]]:
+    """Two recordings of one step (a GPU's and a prediction's, say) paired op by op: the longest
+    common runs of op names (``difflib``, ``BOOKKEEPING`` ops left out), in order."""
+    a = [r for r in a if r.op not in BOOKKEEPING]
+    b = [r for r in b if r.op not in BOOKKEEPING]
+    matcher = difflib.SequenceMatcher(None, [r.op for r in a], [r.op for r in b], autojunk=False)
+    return [(a[m.a + i], b[m.b + i]) for m in matcher.get_matching_blocks() for i in range(m.size)]
 
 
 def _current_node() -> Any:
@@ -186,9 +229,10 @@ class OpTransients(TorchDispatchMode):
         self.peak_reserved = max(self.peak_reserved, s.peak_reserved())
         created = {k: st for k, st in _storages(tree_leaves(out)).items() if k not in inputs}
         new = sum(_rounded(st.nbytes()) for st in created.values() if st.nbytes())
-        self.rows.append(OpMemory(len(self.rows), str(func.overloadpacket.__name__), "forward" if node is None
-                                  else "backward", type(node).__name__ if node is not None else "", before,
-                                  after, peak, new))
+        name = str(func.overloadpacket.__name__)
+        self.rows.append(OpMemory(len(self.rows), name, "forward" if node is None else "backward",
+                                  type(node).__name__ if node is not None else "", before, after, peak, new,
+                                  *conv_operands(name, args, out)))
         return out
 
     def largest(self, field: str = "transient", n: int = 10) -> list[OpMemory]:

@@ -1,0 +1,293 @@
+"""The convolution-workspace model (``memory.workspaces``) against a GPU run's records.
+
+``python -m course_utils.gpu_kit.workspace_check [--runs DIR] [--run NAME]`` reads one GPU run
+(default: the newest under docs/gpu-runs/ with a benchmark and a diagnosis) and writes beside its
+records ``workspaces.md`` and ``workspaces.json``:
+
+1. **The rule, op by op.** Each diagnosed step (``diagnose/<case>``: every op of the step on the
+   GPU between two readings of the allocator) is predicted again here, op by op on fake tensors,
+   which gives every convolution's operand bytes (``OpMemory.conv_operands``); the two
+   recordings are paired op by op (``memory.align_ops``) and each convolution's measured transient
+   is set against its operands. The factors are the median ratio, forward and backward, over the
+   convolutions whose operands are at least ``SHARE`` of the step's peak (the ones that can move
+   a peak): the rule *fitted* on this GPU.
+2. **Every recorded peak against the model.** Every row the run measured -- the benchmark's
+   techniques on both of seed 000's nets, seed 003's net at three N, seed 004's DenseNet-169,
+   ``fit``'s example networks -- predicted plain and with the fitted rule's workspaces (and, where
+   the step runs a matrix product, the cuBLAS workspaces ``fit`` adds), beside the measured peak.
+   A row still beyond ``TOLERANCE`` says which way it misses and where the model puts its peak.
+
+About 40 CPU-s: one full-size prediction per row, each printed as it finishes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .. import benchmark, explorer, recorded
+from ..budget import CUBLAS_OPS, cublas_workspaces
+from ..checks import RecordError, guard
+from ..densenet import densenet169, seed004_step_args
+from ..files import atomic_write, read_json
+from ..fit import variant
+from ..limit_test import LimitTestNet
+from ..memory import (
+    CONV_OPS,
+    MiB,
+    OpMemory,
+    WorkspaceRule,
+    align_ops,
+    peak_with_workspaces,
+    predict_ops,
+)
+from . import diagnose
+from .tasks import FIT_EXAMPLES, LIMIT_NS
+
+#: a convolution enters the fit when its operands are at least this share of its step's peak
+SHARE = 0.05
+#: a row whose model misses its measurement by more than this (a fraction) is named
+TOLERANCE = 0.05
+_KINDS = {True: "fp32", False: "16-bit"}
+_FIX = "run the GPU kit (python -m course_utils.gpu_report) on a GPU, then import its files (--import)"
+
+
+def _ratio_rows(measured: list[OpMemory], predicted: list[OpMemory], peak: int) -> list[dict[str, Any]]:
+    rows = []
+    for m, p in align_ops(measured, predicted):
+        if m.op in CONV_OPS and p.conv_operands:
+            rows.append({"op": m.op, "phase": m.phase, "index": m.index, "dtype": _KINDS[p.conv_itemsize == 4],
+                         "operands MiB": round(p.conv_operands / MiB, 2),
+                         "transient MiB": round(m.transient / MiB, 2), "ratio": round(m.transient / p.conv_operands, 3),
+                         "large": p.conv_operands >= SHARE * peak})
+    return rows
+
+
+def diagnosed_ratios(details: Path, log: Callable[[str], None] = print) -> dict[str, list[dict[str, Any]]]:
+    """Case -> its convolutions' rows (``_ratio_rows``) for every ``diagnose-<case>.json`` in
+    ``details`` (a run's details folder)."""
+    out = {}
+    for case, (build, shape, kw) in diagnose.cases(dry_run=False).items():
+        path = details / f"diagnose-{case}.json"
+        if not path.exists():
+            continue
+        data = read_json(path, "a diagnosis's ops (diagnose-<case>.json)", _FIX, kind=dict)
+        if not isinstance(data.get("cuDNN default"), list):
+            raise RecordError(f"{path}: no 'cuDNN default' list of ops.", _FIX)
+        measured = [OpMemory.from_dict(d) for d in data["cuDNN default"]]
+        t = time.process_time()
+        predicted, _ = predict_ops(build, shape, kw.pop("target_shape", None), **kw)
+        peak = max(r.peak for r in measured)
+        out[case] = _ratio_rows(measured, predicted, peak)
+        log(f"diagnose/{case}: {len(out[case])} convolutions paired ({time.process_time() - t:.1f} CPU-s)")
+    return out
+
+
+def _large(ratios: dict[str, list[dict[str, Any]]], op: str, dtype: str) -> list[float]:
+    return sorted(r["ratio"] for rows in ratios.values() for r in rows
+                  if r["large"] and r["op"] == op and r["dtype"] == dtype)
+
+
+def fitted_rule(ratios: dict[str, list[dict[str, Any]]], source: str) -> WorkspaceRule:
+    """The median ratio over the large convolutions of every case, for each of forward and
+    backward, 16-bit and fp32 (an fp32 factor without a convolution of its own is the 16-bit one)."""
+    med: dict[str, float | None] = {}
+    for op, family in CONV_OPS.items():
+        for dtype in ("16-bit", "fp32"):
+            values = _large(ratios, op, dtype)
+            med[f"{family} {dtype}"] = round(statistics.median(values), 3) if values else None
+        if med[f"{family} 16-bit"] is None:
+            med[f"{family} 16-bit"] = med[f"{family} fp32"]
+        if med[f"{family} 16-bit"] is None:
+            raise RecordError(f"no {op} large enough to fit the rule in the run's diagnosis.", _FIX)
+    n = sum(r["large"] for rows in ratios.values() for r in rows)
+    return WorkspaceRule(med["forward 16-bit"], med["backward 16-bit"],
+                         f"fitted on {source}: the median transient / operands of its {n} convolutions "
+                         f"with operands >= {SHARE:.0%} of their step's peak", med["forward fp32"], med["backward fp32"])
+
+
+def _benchmark_rows(runs: Path | None) -> list[dict[str, Any]]:
+    rows = []
+    for net in benchmark.NETS:
+        found = recorded.kit_results(f"benchmark/{net}", runs)
+        if not found:
+            continue
+        cfgs = benchmark.configs(net)
+        for r in found[-1][1].get("table", []):
+            cfg = cfgs.get(r.get("technique"))
+            if cfg is None or not r.get("measured peak MiB"):
+                continue
+            dtype, ac = explorer.PRECISIONS[cfg.precision]
+            rows.append({"row": f"{net} net: {r['technique']}", "measured": r["measured peak MiB"],
+                         "build": lambda cfg=cfg: explorer.build(cfg), "shape": (cfg.batch, 1, *cfg.volume),
+                         "kw": dict(n_classes=5, dtype=dtype, autocast_dtype=ac)})
+    return rows
+
+
+def _example_rows(runs: Path | None) -> list[dict[str, Any]]:
+    rows = []
+    found = recorded.kit_results("examples/seed003", runs)
+    for r in found[-1][1].get("rows", []) if found else []:
+        if r.get("N") in LIMIT_NS and r.get("measured peak MiB"):
+            cube = (1, 1, r["N"], r["N"], r["N"])
+            rows.append({"row": f"seed 003's net, N = {r['N']}", "measured": r["measured peak MiB"],
+                         "build": LimitTestNet, "shape": cube,
+                         "kw": dict(target_shape=cube, optimizer=None, steady_state=False)})
+    found = recorded.kit_results("examples/densenet", runs)
+    args = seed004_step_args()
+    shape = args.pop("input_shape")
+    for r in found[-1][1].get("rows", []) if found else []:
+        eff = "memory-efficient" in str(r.get("case"))
+        if r.get("measured peak MiB"):
+            rows.append({"row": f"seed 004's {r['case']}", "measured": r["measured peak MiB"],
+                         "build": lambda eff=eff: densenet169(memory_efficient=eff), "shape": shape, "kw": dict(args)})
+    found = recorded.kit_results("examples/fit", runs)
+    for r in found[-1][1].get("rows", []) if found else []:
+        name = str(r.get("case", "")).split(" ")[0]
+        if name in FIT_EXAMPLES and r.get("measured peak MiB"):
+            build, full, _, classes = FIT_EXAMPLES[name]
+            ac = torch.float16 if "autocast" in r["case"] else None
+            rows.append({"row": f"fit's {r['case']}", "measured": r["measured peak MiB"], "build": variant(build, "plain"),
+                         "shape": full, "kw": dict(target_shape=(full[0],), n_classes=classes, autocast_dtype=ac)})
+    return rows
+
+
+def _pct(predicted: float, measured: float) -> float:
+    return round(100 * (predicted - measured) / measured, 1)
+
+
+def model_rows(rule: WorkspaceRule, capability: tuple[int, int] | None, runs: Path | None = None,
+               log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Every recorded peak of the newest runs under ``runs``: measured, predicted plain and with
+    ``rule``'s workspaces (+ cuBLAS's where the step runs a matrix product), both misses in %."""
+    out = []
+    for r in _benchmark_rows(runs) + _example_rows(runs):
+        t = time.process_time()
+        kw = dict(r["kw"])
+        ops, plain = predict_ops(r["build"], r["shape"], kw.pop("target_shape", None), **kw)
+        w = peak_with_workspaces(ops, plain, rule)
+        cublas = cublas_workspaces(capability, 2)[0] if any(o.op in CUBLAS_OPS for o in ops) else 0
+        model = w.peak + cublas
+        m = r["measured"]
+        row = {"row": r["row"], "measured peak MiB": m, "predicted MiB": round(plain / MiB, 1), "miss %": _pct(plain / MiB, m),
+               "with workspaces MiB": round(model / MiB, 1), "model miss %": _pct(model / MiB, m),
+               "cuDNN workspace MiB": round(w.added / MiB, 1), "cuBLAS workspaces MiB": round(cublas / MiB, 1),
+               "peak at": w.where()}
+        if w.at is not None and row["model miss %"] > 100 * TOLERANCE:  # what the measurement leaves for it
+            row["workspace the measurement allows MiB"] = round(max(0.0, m - (model - w.workspace) / MiB), 1)
+        out.append(row)
+        log(f"{r['row']}: measured {m:,.0f}, predicted {plain / MiB:,.0f} ({row['miss %']:+}%), "
+            f"model {model / MiB:,.0f} ({row['model miss %']:+}%) [{time.process_time() - t:.1f} CPU-s]")
+    return out
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def within(key: str) -> int:
+        return sum(abs(r[key]) <= 100 * TOLERANCE for r in rows)
+
+    return {"rows": len(rows), "plain within 5 %": within("miss %"), "model within 5 %": within("model miss %"),
+            "model over by more than 5 %": [r["row"] for r in rows if r["model miss %"] > 100 * TOLERANCE],
+            "model under by more than 5 %": [r["row"] for r in rows if r["model miss %"] < -100 * TOLERANCE]}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """``workspaces.md``: the rule's fit op by op, then every recorded peak against the model."""
+    rule, s = result["rule"], result["summary"]
+    lines = [f"# cuDNN's convolution workspaces: the model against {result['run']}", "",
+             "Generated by `python -m course_utils.gpu_kit.workspace_check` from this run's records "
+             "(`memory.workspaces` says what the model is). Predicted: fake tensors, op by op, CUDA's rules, "
+             "the step as the kit measured it.", "",
+             "## The rule, op by op", "",
+             "Each convolution's transient (the memory it took and gave back before it returned) over its operands "
+             "(input + output in forward, input + output gradient in backward), for the convolutions whose operands are "
+             "at least 5 % of their step's peak: min / median / max (how many).", "",
+             "| case | convolutions paired | forward | backward |", "|---|---|---|---|"]
+    for case, rows in result["ratios"].items():
+        cells = []
+        for op in CONV_OPS:
+            v = sorted(r["ratio"] for r in rows if r["large"] and r["op"] == op)
+            cells.append(f"{v[0]} / {statistics.median(v)} / {v[-1]} ({len(v)})" if v else "none")
+        lines.append(f"| {case} | {len(rows)} | {cells[0]} | {cells[1]} |")
+    lines += ["", f"Fitted: workspace = factor x operands, the factor {rule['forward']} forward / {rule['backward']} backward "
+              f"for 16-bit convolutions, {rule['forward_fp32']} / {rule['backward_fp32']} for fp32 ones ({rule['source']}).", "",
+              "## Every recorded peak against the model", "",
+              f"{s['plain within 5 %']} of {s['rows']} rows within 5 % predicted plain; {s['model within 5 %']} with "
+              "the workspaces. Miss % = (predicted - measured) / measured.", "",
+              "| row | measured MiB | predicted MiB | miss % | with workspaces MiB | miss % | cuDNN + cuBLAS MiB "
+              "| the model's peak |", "|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['row']} | {r['measured peak MiB']:,} | {r['predicted MiB']:,} | {r['miss %']} "
+                     f"| {r['with workspaces MiB']:,} | {r['model miss %']} "
+                     f"| {r['cuDNN workspace MiB']:,} + {r['cuBLAS workspaces MiB']:,} | {r['peak at']} |")
+    over = [r for r in result["rows"] if r["model miss %"] > 100 * TOLERANCE]
+    lines += ["", "**Over by more than 5 %** (the measured peak leaves the op the model peaks at less workspace than "
+              "the rule gives it; its predicted live bytes before the op taken as right): "
+              + ("; ".join(f"{r['row']}: {r['cuDNN workspace MiB']:,.0f} MiB added, at most "
+                           f"{r['workspace the measurement allows MiB']:,.0f} MiB allowed" for r in over) or "none") + "."]
+    under = s["model under by more than 5 %"]
+    lines += ["", "**Under by more than 5 %**: " + (", ".join(under) if under else "none") + "."]
+    return "\n".join(lines) + "\n"
+
+
+def check(run: Path, runs: Path | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The whole check on ``run`` (a folder under docs/gpu-runs with ``details/diagnose-*.json``);
+    the rows are the newest run's of each task under ``runs``. Writes ``workspaces.md`` and
+    ``workspaces.json`` into ``run`` and returns what they hold."""
+    data, machine, _ = recorded.read_kit(run / "kit.json")
+    label = recorded.run_label(machine)
+    ratios = diagnosed_ratios(run / "details", log)
+    if not ratios:
+        raise RecordError(f"{run}/details holds no diagnose-<case>.json.", _FIX)
+    rule = fitted_rule(ratios, label)
+    cap = next((t["result"].get("capability") for t in data.get("tasks", [])
+                if isinstance(t, dict) and t.get("name") == "diagnose/cublas" and isinstance(t.get("result"), dict)), None)
+    rows = model_rows(rule, tuple(cap) if cap else None, runs, log)
+    result = {"run": label, "rule": asdict(rule),
+              "ratios": ratios, "rows": rows, "summary": _summary(rows)}
+    atomic_write(run / "workspaces.json", json.dumps(result, indent=1) + "\n")
+    atomic_write(run / "workspaces.md", markdown(result))
+    return result
+
+
+def _newest_diagnosed(runs: Path) -> Path:
+    found = sorted(p.parent.parent for p in runs.glob("*/details/diagnose-*.json"))
+    if not found:
+        raise RecordError(f"{runs} holds no run with a diagnosis (details/diagnose-<case>.json).", _FIX)
+    return found[-1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line (the module docstring); exit 2 with the fix on a bad --runs or --run."""
+    ap = argparse.ArgumentParser(prog="python -m course_utils.gpu_kit.workspace_check",
+                                 description="the convolution-workspace model against a GPU run's records")
+    ap.add_argument("--runs", default=None, help="the GPU runs' folder (default: docs/gpu-runs)")
+    ap.add_argument("--run", default=None, help="the run's folder name (default: the newest with a diagnosis)")
+    a = ap.parse_args(argv)
+    runs = recorded.runs_folder(a.runs)
+    try:
+        if not runs.is_dir():
+            raise RecordError(f"--runs {runs}: no such folder.", "pass the folder that holds the GPU runs (docs/gpu-runs).")
+        run = runs / a.run if a.run else _newest_diagnosed(runs)
+        if not (run / "kit.json").is_file():
+            raise RecordError(f"{run}: no kit.json.", f"pass --run with one of {sorted(p.parent.name for p in runs.glob('*/kit.json'))}.")
+        result = check(run, runs)
+    except RecordError as err:
+        print(f"workspace_check: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {run / 'workspaces.md'}: {result['summary']['model within 5 %']} of {result['summary']['rows']} "
+          f"rows within 5 % ({result['summary']['plain within 5 %']} predicted plain)")
+    return 0
+
+
+guard(globals(), RecordError)
+
+if __name__ == "__main__":
+    sys.exit(main())
