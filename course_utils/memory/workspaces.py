@@ -130,8 +130,15 @@ def predict_ops(build_model: Callable[[], torch.nn.Module], input_shape: tuple[i
     """``predict_step``'s step recorded op by op on fake tensors under CUDA's rules: ``(rows,
     peak)``. ``step_kw``: ``dtype``, ``loss_fn``, ``optimizer``, ``autocast_dtype``,
     ``n_classes``, ``steady_state``."""
-    ops, peak = op_memory_step(build_model, input_shape, target_shape, device="cpu",
-                               within=cuda_rules(step_kw.get("autocast_dtype")), **step_kw)
+    try:
+        ops, peak = op_memory_step(build_model, input_shape, target_shape, device="cpu",
+                                   within=cuda_rules(step_kw.get("autocast_dtype")), **step_kw)
+    except RuntimeError as e:  # autograd's own words for a loss no parameter reaches
+        if "does not require grad" not in str(e):
+            raise
+        raise MeasureError("the loss does not depend on any parameter of the model: a training step has no backward.",
+                           "pass a builder whose model has parameters its output depends on, or predict a "
+                           "forward-only step with predict_step(loop=Loop(mode='inference')).") from None
     return ops.rows, peak
 
 
