@@ -623,6 +623,20 @@ def checked_rows(rows: Any, keys: set[str], path: Path, what: str, empty_ok: boo
     return rows
 
 
+def workspace_model(folder: str | Path | None = None) -> tuple[dict[str, Any], Path] | None:
+    """The newest GPU run's check of the convolution-workspace model (``workspaces.json``, written
+    by ``python -m course_utils.gpu_kit.workspace_check``) and its path, or None if no run has
+    one. Its ``rows``: every recorded peak, measured, predicted plain and with the workspaces."""
+    found = sorted(runs_folder(folder).glob("*/workspaces.json"))
+    if not found:
+        return None
+    path = found[-1]
+    fix = "run `python -m course_utils.gpu_kit.workspace_check` again"
+    data = read_json(path, "the workspace model's check (workspaces.json)", fix, kind=dict)
+    checked_rows(data.get("rows"), {"row", "measured peak MiB", "miss %", "model miss %"}, path, "its rows", empty_ok=False)
+    return data, path
+
+
 def run_label(machine: dict[str, Any]) -> str:
     """A GPU run's label as the notebooks print it: "GPU, date, torch VERSION" (a kit's machine
     names its ``gpu``, a benchmark's meta its ``device``)."""
