@@ -15,7 +15,7 @@ from torch import nn
 
 from . import recorded
 from .checks import RecordError, TechniqueError, guard
-from .files import read_json, skipped
+from .files import skipped
 from .memory import MiB, SavedTensor, largest_that_fits, measure_step, predict_step, require_cuda, storage_key
 
 #: Seed 003's measurements (MB as read off nvidia-smi, CUDA context included): N -> (forward,
@@ -157,7 +157,6 @@ def seed003_forward_table(ns=None):
 # The step on a real card: what the course's GPU runs measured (docs/gpu-runs/)
 # --------------------------------------------------------------------------------------------
 _LIMIT_KEYS = {"N", "measured peak MiB", "measured after forward MiB", "predicted peak MiB", "predicted after forward MiB"}
-_OP_KEYS = {"op", "peak", "before", "transient"}
 
 
 def recorded_backward_excess(folder=None):
@@ -200,28 +199,16 @@ def recorded_diagnosis(folder=None):
     without a recording."""
     import pandas as pd
 
-    found = sorted(recorded.runs_folder(folder).glob("*/details/diagnose-seed003.json"))
-    if not found:
+    found = recorded.diagnosis("seed003", folder)
+    if found is None:
         return pd.DataFrame()
-    path = found[-1]
-    fix = f"restore it (`git checkout -- {path}`), or run the kit's diagnosis again"
-    rows = {}
-    for setting, ops in read_json(path, "the GPU kit's op-by-op diagnosis", fix).items():
-        if not (isinstance(ops, list) and ops and all(isinstance(o, dict) for o in ops) and "transient" in ops[0]):
-            continue  # "blocks at the peak": the allocator's blocks, not an op list
-        if not all(_OP_KEYS <= o.keys() for o in ops):
-            raise RecordError(f"{path}: an op of setting {setting!r} lacks one of {sorted(_OP_KEYS)}.", fix)
-        rows[setting] = {"peak above the step's start MiB": (max(o["peak"] for o in ops) - ops[0]["before"]) / MiB,
-                         "convolution backward transients MiB": sum(o["transient"] for o in ops
-                                                                     if "convolution_backward" in o["op"]) / MiB}
+    settings, label, _ = found
+    rows = {setting: {"peak above the step's start MiB": (max(o["peak"] for o in ops) - ops[0]["before"]) / MiB,
+                      "convolution backward transients MiB": sum(o["transient"] for o in ops
+                                                                  if "convolution_backward" in o["op"]) / MiB}
+            for setting, ops in settings.items()}
     table = pd.DataFrame.from_dict(rows, orient="index")
-    kit = path.parent.parent / "kit.json"
-    try:  # the label only: what the kit says of its machine, else the run's folder name
-        m = read_json(kit, "a GPU kit's record (kit.json)").get("machine")
-    except RecordError:
-        m = None
-    m = m if isinstance(m, dict) else {"gpu": path.parent.parent.name}
-    table.attrs["run"] = recorded.run_label(m)
+    table.attrs["run"] = label
     return table
 
 

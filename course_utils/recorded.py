@@ -399,7 +399,9 @@ def html_table(html: str):
 
 
 #: the fix for a file of a GPU run's record under docs/gpu-runs/ that cannot be read
-_RUN_FIX = ("restore it (`git checkout -- FILE`), or import its GPU run again "
+def _run_fix(path: Path) -> str:
+    """The fix for a GPU run's damaged file ``path`` (FILES_AT: the folder the kit's files came back to)."""
+    return (f"restore it (`git checkout -- {path}`), or import its GPU run again "
             "(`python -m course_utils.gpu_report --import FILES_AT`)")
 
 
@@ -417,7 +419,7 @@ def read_kit(path: str | Path) -> tuple[dict[str, Any], dict[str, str], float | 
     machine it recorded and the CUDA context it measured (MiB, or None); RecordError naming the
     file and the fix."""
     path = Path(path)
-    fix = _RUN_FIX.replace("FILE", str(path))
+    fix = _run_fix(path)
     data = read_json(path, "a GPU run's record (kit.json or limit.json)", fix)
     m = data.get("machine")
     meta = _machine(m, f"{path}'s machine", fix)
@@ -434,7 +436,7 @@ def kit_machine(path: str | Path) -> tuple[dict[str, str], float | None]:
 
 def _executed_table(path: Path, cell_id: str, columns: tuple[str, ...]):
     """The table of ``columns`` that cell ``cell_id`` of the executed notebook ``path`` shows, or None."""
-    cells = read_notebook(path, _RUN_FIX)["cells"]
+    cells = read_notebook(path, _run_fix(path))["cells"]
     cell = next((c for c in cells if c.get("id") == cell_id), None)
     for out in (cell or {}).get("outputs", []) if isinstance((cell or {}).get("outputs", []), list) else []:
         html = out.get("data", {}).get("text/html", "") if isinstance(out, dict) and isinstance(out.get("data"), dict) else ""
@@ -509,7 +511,7 @@ def read_benchmark(path: str | Path, raw: bytes | None = None) -> dict[str, Any]
     model; ``rows``, one object per technique) read from ``path`` (or parsed from ``raw``, the
     bytes ``path`` names) and checked; RecordError naming the file, what is wrong and the fix."""
     path = Path(path)
-    fix = _RUN_FIX.replace("FILE", str(path))
+    fix = _run_fix(path)
     what = "a benchmark record ({\"meta\": ..., \"rows\": [...]})"
     data = read_json(path, what, fix) if raw is None else parse_json(raw, str(path), what, fix)
     meta, rows = data.get("meta"), data.get("rows")
@@ -541,7 +543,7 @@ def _step_row(data: dict[str, Any], path: Path, run: str, step: tuple[str, str])
                 and r.get("measured peak MiB") is not None), None)
     if row is None:
         return None
-    fix = _RUN_FIX.replace("FILE", str(path))
+    fix = _run_fix(path)
     found = {k: _mib(row.get(k), f"{path}: {step[1]}'s {k}", fix)
              for k in ("predicted peak MiB", "measured peak MiB", "measured reserved MiB", "driver used MiB")}
     found["what"] = f"{net} net, {step[1]}: {data['meta'].get('model', 'the model not named')}"
@@ -598,7 +600,7 @@ def kit_results(task: str, folder: str | Path | None = None) -> list[tuple[dict[
     with a warning naming it and the fix (the others still serve)."""
     found = []
     for path in sorted(runs_folder(folder).glob("*/kit.json")):
-        fix = _RUN_FIX.replace("FILE", str(path))
+        fix = _run_fix(path)
         try:
             data = read_json(path, "a GPU kit's record (kit.json)", fix)
             machine = _machine(data.get("machine"), f"{path}'s machine", fix)
@@ -619,8 +621,36 @@ def checked_rows(rows: Any, keys: set[str], path: Path, what: str, empty_ok: boo
     if not (isinstance(rows, list) and (rows or empty_ok)
             and all(isinstance(r, dict) and keys <= r.keys() for r in rows)):
         raise RecordError(f"{path}: {what} are not {'a' if empty_ok else 'a non-empty'} list of objects, "
-                          f"each with {', '.join(sorted(keys))}.", _RUN_FIX.replace("FILE", str(path)))
+                          f"each with {', '.join(sorted(keys))}.", _run_fix(path))
     return rows
+
+
+#: what every op of a diagnosis carries, at least (``memory.OpMemory.as_dict`` writes more)
+DIAGNOSIS_OP_KEYS = frozenset({"op", "before", "peak", "transient"})
+
+
+def diagnosis(case: str, folder: str | Path | None = None) -> tuple[dict[str, list[dict[str, Any]]], str, Path] | None:
+    """The newest GPU run's op-by-op diagnosis of ``case`` (``details/diagnose-<case>.json``,
+    written by the kit's ``diagnose/<case>`` task) under ``runs_folder(folder)``: ``(settings,
+    label, path)``, where ``settings`` maps a setting ("cuDNN default", "cudnn.benchmark", ...) to
+    its ops as dicts (``DIAGNOSIS_OP_KEYS`` each), ``label`` names the run (GPU, date, torch); None
+    without a recording. A damaged file is a RecordError naming it and the fix."""
+    found = sorted(runs_folder(folder).glob(f"*/details/diagnose-{case}.json"))
+    if not found:
+        return None
+    path = found[-1]
+    fix = f"restore it (`git checkout -- {path}`), or run the kit's diagnose/{case} again"
+    data = read_json(path, "the GPU kit's op-by-op diagnosis", fix, kind=dict)
+    settings = {}
+    for setting, ops in data.items():
+        if setting == "blocks at the peak":  # the allocator's blocks, not an op list
+            continue
+        settings[setting] = checked_rows(ops, set(DIAGNOSIS_OP_KEYS), path, f"the ops of setting {setting!r}", empty_ok=False)
+    try:  # the label only: what the kit says of its machine, else the run's folder name
+        m = read_json(path.parent.parent / "kit.json", "a GPU kit's record (kit.json)").get("machine")
+    except RecordError:
+        m = None
+    return settings, run_label(m if isinstance(m, dict) else {"gpu": path.parent.parent.name}), path
 
 
 def workspace_model(folder: str | Path | None = None) -> tuple[dict[str, Any], Path] | None:

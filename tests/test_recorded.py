@@ -427,8 +427,10 @@ def test_a_damaged_diagnosis_names_its_file_and_the_fix(tmp_path):
     with pytest.raises(RecordError, match=r"diagnose-seed003\.json.*Fix: restore it"):
         limit_test.recorded_diagnosis(tmp_path)
     (details / "diagnose-seed003.json").write_text(json.dumps({"cuDNN default": [{"op": "x", "transient": 1}]}))
-    with pytest.raises(RecordError, match="lacks one of"):
+    with pytest.raises(RecordError, match="'cuDNN default' are not a non-empty list of objects, each with before") as e:
         limit_test.recorded_diagnosis(tmp_path)
+    # the fix names the file once and leaves the importer's FILES_AT whole (it read "...jsonS_AT" before)
+    assert e.value.fix.count(str(details / "diagnose-seed003.json")) == 1 and "--import FILES_AT`" in e.value.fix
 
 
 def test_a_finished_task_whose_rows_lack_their_figures_names_the_file_and_the_fix(tmp_path):

@@ -84,18 +84,19 @@ def test_without_a_workspace_the_prediction_op_by_op_is_predict_steps():
 
 @pytest.fixture(scope="module")
 def ratios():
-    return wc.diagnosed_ratios(H200 / "details", log=lambda _: None)
+    return wc.diagnosed_ratios(H200.parent, log=lambda _: None)
 
 
 def test_the_h200s_convolutions_took_about_their_operands(ratios):
     """Op by op on the H200: every backward convolution that could move a peak (operands >= 5 %
     of it) took 1.0-1.05 x its operands, bar the output layer's 1x1x1 fp32 one (none); the fitted
     factors are about 1 (backward; 16-bit forward) and 0.5 (fp32 forward: one operand copied)."""
-    big_backward = [r for rows in ratios.values() for r in rows if r["large"] and r["op"] == "convolution_backward"
-                    and r["ratio"] > 0]
+    big_backward = [r for case in ratios.values() for r in case["rows"] if r["large"]
+                    and r["op"] == "convolution_backward" and r["ratio"] > 0]
     assert len(big_backward) >= 10
-    assert all(0.99 <= r["ratio"] <= 1.05 for rows in (ratios["small-fp16"], ratios["large-fp32"])
-               for r in rows if r in big_backward)
+    assert all(0.99 <= r["ratio"] <= 1.05 for case in ("small-fp16", "large-fp32")
+               for r in ratios[case]["rows"] if r in big_backward)
+    assert {case["run"] for case in ratios.values()} == {"NVIDIA H200, 2026-11-27, torch 2.11.0+cu130"}
     rule = wc.fitted_rule(ratios, "the H200")
     assert 0.99 <= rule.backward <= 1.02 and 0.99 <= rule.backward_fp32 <= 1.02
     assert 0.99 <= rule.forward <= 1.02 and 0.45 <= rule.forward_fp32 <= 0.55
@@ -128,7 +129,7 @@ def test_the_committed_page_is_what_the_check_writes(tmp_path):
     """workspaces.json and .md beside the H200 run are the check's output on this code (~25 CPU-s)."""
     runs = tmp_path / "runs"
     shutil.copytree(H200.parent, runs)
-    wc.check(runs / H200.name, runs, log=lambda _: None)
+    assert wc.check(runs, log=lambda _: None)[1] == runs / H200.name
     assert json.loads((runs / H200.name / "workspaces.json").read_text()) == json.loads((H200 / "workspaces.json").read_text())
     assert (runs / H200.name / "workspaces.md").read_text() == (H200 / "workspaces.md").read_text()
 
@@ -143,5 +144,5 @@ def test_every_row_the_model_leaves_beyond_5_percent_has_its_stated_cause_and_bo
     over = [r for r in beyond if r["model miss %"] > 0]
     assert over and all(r["row"].startswith("small net: autocast") and -3 < r["miss %"] < 0 for r in over)
     assert all(r["workspace the measurement allows MiB"] < r["rule's workspace there MiB"] for r in over)
-    assert max(r["ratio"] for r in result["ratios"]["seed003"]) == pytest.approx(1.33, abs=0.01)
+    assert max(r["ratio"] for r in result["ratios"]["seed003"]["rows"]) == pytest.approx(1.33, abs=0.01)
     assert result["summary"]["model within 5 %"] > result["summary"]["plain within 5 %"]

@@ -1,8 +1,8 @@
 """The convolution-workspace model (``memory.workspaces``) against a GPU run's records.
 
-``python -m course_utils.gpu_kit.workspace_check [--runs DIR] [--run NAME]`` reads one GPU run
-(default: the newest under docs/gpu-runs/ with a benchmark and a diagnosis) and writes beside its
-records ``workspaces.md`` and ``workspaces.json``:
+``python -m course_utils.gpu_kit.workspace_check [--runs DIR]`` reads the GPU runs under DIR
+(default: docs/gpu-runs/) and writes ``workspaces.md`` and ``workspaces.json`` beside the records
+of the newest run with a diagnosis:
 
 1. **The rule, op by op.** Each diagnosed step (``diagnose/<case>``: every op of the step on the
    GPU between two readings of the allocator) is predicted again here, op by op on fake tensors,
@@ -37,7 +37,7 @@ from .. import benchmark, explorer, recorded
 from ..budget import CUBLAS_OPS, cublas_workspaces
 from ..checks import RecordError, guard
 from ..densenet import densenet169, seed004_step_args
-from ..files import atomic_write, read_json
+from ..files import atomic_write
 from ..fit import variant
 from ..limit_test import LimitTestNet
 from ..memory import (
@@ -56,6 +56,8 @@ from .tasks import FIT_EXAMPLES, LIMIT_NS
 SHARE = 0.05
 #: a row whose model misses its measurement by more than this (a fraction) is named
 TOLERANCE = 0.05
+#: what ``OpMemory.from_dict`` reads of a recorded op
+_OP_FIELDS = {"index", "op", "phase", "before", "after", "peak", "new_outputs"}
 _RULE_THERE = "rule's workspace there MiB"
 _KINDS = {True: "fp32", False: "16-bit"}
 _FIX = "run the GPU kit (python -m course_utils.gpu_report) on a GPU, then import its files (--import)"
@@ -91,32 +93,33 @@ def _ratio_rows(measured: list[OpMemory], predicted: list[OpMemory], peak: int) 
     return rows
 
 
-def diagnosed_ratios(details: Path, log: Callable[[str], None] = print) -> dict[str, list[dict[str, Any]]]:
-    """Case -> its convolutions' rows (``_ratio_rows``) for every ``diagnose-<case>.json`` in
-    ``details`` (a run's details folder)."""
+def diagnosed_ratios(runs: Path | None = None, log: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
+    """Case -> ``{"run": its run's label, "folder": its run's folder, "rows": its convolutions'
+    rows (``_ratio_rows``)}`` for every case diagnosed under ``runs``, each from the newest run
+    that diagnosed it (``recorded.diagnosis``); its prediction is run again here op by op."""
     out = {}
     for case, (build, shape, kw) in diagnose.cases(dry_run=False).items():
-        path = details / f"diagnose-{case}.json"
-        if not path.exists():
+        found = recorded.diagnosis(case, runs)
+        if found is None or "cuDNN default" not in found[0]:
             continue
-        data = read_json(path, "a diagnosis's ops (diagnose-<case>.json)", _FIX, kind=dict)
-        if not isinstance(data.get("cuDNN default"), list):
-            raise RecordError(f"{path}: no 'cuDNN default' list of ops.", _FIX)
-        measured = [OpMemory.from_dict(d) for d in data["cuDNN default"]]
+        ops, label, path = found
+        rows = recorded.checked_rows(ops["cuDNN default"], _OP_FIELDS, path, "the ops of cuDNN's default")
+        measured = [OpMemory.from_dict(d) for d in rows]
         t = time.process_time()
         predicted, _ = predict_ops(build, shape, kw.pop("target_shape", None), **kw)
-        peak = max(r.peak for r in measured)
-        out[case] = _ratio_rows(measured, predicted, peak)
-        log(f"diagnose/{case}: {len(out[case])} convolutions paired ({time.process_time() - t:.1f} CPU-s)")
+        out[case] = {"run": label, "folder": path.parent.parent.name,
+                     "rows": _ratio_rows(measured, predicted, max(r.peak for r in measured))}
+        log(f"diagnose/{case} ({label}): {len(out[case]['rows'])} convolutions paired "
+            f"({time.process_time() - t:.1f} CPU-s)")
     return out
 
 
-def _large(ratios: dict[str, list[dict[str, Any]]], op: str, dtype: str) -> list[float]:
-    return sorted(r["ratio"] for rows in ratios.values() for r in rows
+def _large(ratios: dict[str, dict[str, Any]], op: str, dtype: str) -> list[float]:
+    return sorted(r["ratio"] for case in ratios.values() for r in case["rows"]
                   if r["large"] and r["op"] == op and r["dtype"] == dtype)
 
 
-def fitted_rule(ratios: dict[str, list[dict[str, Any]]], source: str) -> WorkspaceRule:
+def fitted_rule(ratios: dict[str, dict[str, Any]], source: str) -> WorkspaceRule:
     """The median ratio over the large convolutions of every case, for each of forward and
     backward, 16-bit and fp32 (an fp32 factor without a convolution of its own is the 16-bit one)."""
     med: dict[str, float | None] = {}
@@ -128,7 +131,7 @@ def fitted_rule(ratios: dict[str, list[dict[str, Any]]], source: str) -> Workspa
             med[f"{family} 16-bit"] = med[f"{family} fp32"]
         if med[f"{family} 16-bit"] is None:
             raise RecordError(f"no {op} large enough to fit the rule in the run's diagnosis.", _FIX)
-    n = sum(r["large"] for rows in ratios.values() for r in rows)
+    n = sum(r["large"] for case in ratios.values() for r in case["rows"])
     return WorkspaceRule(med["forward 16-bit"], med["backward 16-bit"],
                          f"fitted on {source}: the median transient / operands of its {n} convolutions "
                          f"with operands >= {SHARE:.0%} of their step's peak", med["forward fp32"], med["backward fp32"])
@@ -230,13 +233,13 @@ def markdown(result: dict[str, Any]) -> str:
              "Each convolution's transient (the memory it took and gave back before it returned) over its operands "
              "(input + output in forward, input + output gradient in backward), for the convolutions whose operands are "
              "at least 5 % of their step's peak: min / median / max (how many).", "",
-             "| case | convolutions paired | forward | backward |", "|---|---|---|---|"]
-    for case, rows in result["ratios"].items():
-        cells = []
+             "| case | run | convolutions paired | forward | backward |", "|---|---|---|---|---|"]
+    for case, found in result["ratios"].items():
+        rows, cells = found["rows"], []
         for op in CONV_OPS:
             v = sorted(r["ratio"] for r in rows if r["large"] and r["op"] == op)
             cells.append(f"{v[0]} / {statistics.median(v)} / {v[-1]} ({len(v)})" if v else "none")
-        lines.append(f"| {case} | {len(rows)} | {cells[0]} | {cells[1]} |")
+        lines.append(f"| {case} | {found['run']} | {len(rows)} | {cells[0]} | {cells[1]} |")
     lines += ["", f"Fitted: workspace = factor x operands, the factor {rule['forward']} forward / {rule['backward']} backward "
               f"for 16-bit convolutions, {rule['forward_fp32']} / {rule['backward_fp32']} for fp32 ones ({rule['source']}).", "",
               "## Every recorded peak against the model", "",
@@ -261,48 +264,39 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def check(run: Path, runs: Path | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """The whole check on ``run`` (a folder under docs/gpu-runs with ``details/diagnose-*.json``);
-    the rows are the newest run's of each task under ``runs``. Writes ``workspaces.md`` and
-    ``workspaces.json`` into ``run`` and returns what they hold."""
-    data, machine, _ = recorded.read_kit(run / "kit.json")
-    label = recorded.run_label(machine)
-    ratios = diagnosed_ratios(run / "details", log)
+def check(runs: Path | None = None, log: Callable[[str], None] = print) -> tuple[dict[str, Any], Path]:
+    """The whole check on the GPU runs under ``runs``: the rule fitted on the newest diagnosis of
+    each case, every recorded row (the newest run's of each task) against it. Writes
+    ``workspaces.md`` and ``workspaces.json`` into the newest run that diagnosed a case; returns
+    what they hold and that folder."""
+    ratios = diagnosed_ratios(runs, log)
     if not ratios:
-        raise RecordError(f"{run}/details holds no diagnose-<case>.json.", _FIX)
-    rule = fitted_rule(ratios, label)
+        raise RecordError(f"{recorded.runs_folder(runs)} holds no run with a diagnosis "
+                          "(details/diagnose-<case>.json).", _FIX)
+    run = recorded.runs_folder(runs) / max(case["folder"] for case in ratios.values())
+    data, machine, _ = recorded.read_kit(run / "kit.json")
+    labels = sorted({case["run"] for case in ratios.values()})
+    rule = fitted_rule(ratios, " and ".join(labels))
     cap = next((t["result"].get("capability") for t in data.get("tasks", [])
                 if isinstance(t, dict) and t.get("name") == "diagnose/cublas" and isinstance(t.get("result"), dict)), None)
     rows = model_rows(rule, tuple(cap) if cap else None, runs, log)
-    result = {"run": label, "rule": asdict(rule),
-              "ratios": ratios, "rows": rows, "summary": _summary(rows)}
+    result = {"run": recorded.run_label(machine), "rule": asdict(rule), "ratios": ratios, "rows": rows,
+              "summary": _summary(rows)}
     atomic_write(run / "workspaces.json", json.dumps(result, indent=1) + "\n")
     atomic_write(run / "workspaces.md", markdown(result))
-    return result
-
-
-def _newest_diagnosed(runs: Path) -> Path:
-    found = sorted(p.parent.parent for p in runs.glob("*/details/diagnose-*.json"))
-    if not found:
-        raise RecordError(f"{runs} holds no run with a diagnosis (details/diagnose-<case>.json).", _FIX)
-    return found[-1]
+    return result, run
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line (the module docstring); exit 2 with the fix on a bad --runs or --run."""
+    """The command line (the module docstring); exit 2 with the fix on a bad --runs."""
     ap = argparse.ArgumentParser(prog="python -m course_utils.gpu_kit.workspace_check",
                                  description="the convolution-workspace model against a GPU run's records")
     ap.add_argument("--runs", default=None, help="the GPU runs' folder (default: docs/gpu-runs)")
-    ap.add_argument("--run", default=None, help="the run's folder name (default: the newest with a diagnosis)")
     a = ap.parse_args(argv)
-    runs = recorded.runs_folder(a.runs)
     try:
-        if not runs.is_dir():
-            raise RecordError(f"--runs {runs}: no such folder.", "pass the folder that holds the GPU runs (docs/gpu-runs).")
-        run = runs / a.run if a.run else _newest_diagnosed(runs)
-        if not (run / "kit.json").is_file():
-            raise RecordError(f"{run}: no kit.json.", f"pass --run with one of {sorted(p.parent.name for p in runs.glob('*/kit.json'))}.")
-        result = check(run, runs)
+        if a.runs is not None and not Path(a.runs).is_dir():
+            raise RecordError(f"--runs {a.runs}: no such folder.", "pass the folder that holds the GPU runs (docs/gpu-runs).")
+        result, run = check(Path(a.runs) if a.runs else None)
     except RecordError as err:
         print(f"workspace_check: {err}", file=sys.stderr)
         return 2
