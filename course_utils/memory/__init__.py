@@ -46,7 +46,8 @@ Where things are (every name below is also importable from ``course_utils.memory
   ``align_ops`` (two recordings of a step paired op by op, ``BOOKKEEPING`` ops left out);
 * ``workspaces`` -- cuDNN's convolution workspaces added to a prediction at the op that takes them:
   ``WorkspaceRule`` (``TRANSPOSED_COPIES``, ``NO_WORKSPACE``, ``CONV_OPS``), ``predict_with_workspaces``
-  (``WorkspacePeak``), ``peak_with_workspaces``, ``predict_ops``, ``cuda_rules``.
+  (``WorkspacePeak``), ``peak_with_workspaces``, ``predict_ops``, ``cuda_rules``; a GPU run's recording
+  of a step op by op (``recorded_ops``, ``OP_FIELDS``) and ``plot_ops``, the two drawn together.
 """
 
 from .cuda import CudaPeak, cuda_peak, memory_cap, require_cuda
@@ -82,6 +83,7 @@ from .units import GiB, MiB, mib, tensor_bytes
 from .workspaces import (
     CONV_OPS,
     NO_WORKSPACE,
+    OP_FIELDS,
     TRANSPOSED_COPIES,
     WorkspacePeak,
     WorkspaceRule,
@@ -89,6 +91,8 @@ from .workspaces import (
     peak_with_workspaces,
     predict_ops,
     predict_with_workspaces,
+    plot_ops,
+    recorded_ops,
 )
 
 #: hook_table's names, imported on first use (PEP 562): MemoryLog subclasses MemTracker, whose import
@@ -123,6 +127,6 @@ __all__ = [
     "BLOCK", "BOOKKEEPING", "CudaStats", "LiveBytesStats", "OpMemory", "OpTransients", "align_ops", "conv_operands",
     "op_memory_step",
     "CONV_OPS", "NO_WORKSPACE", "TRANSPOSED_COPIES", "WorkspacePeak", "WorkspaceRule", "cuda_rules",
-    "peak_with_workspaces", "predict_ops", "predict_with_workspaces",
+    "peak_with_workspaces", "predict_ops", "predict_with_workspaces", "OP_FIELDS", "plot_ops", "recorded_ops",
     "GiB", "MiB", "mib", "tensor_bytes",
 ]

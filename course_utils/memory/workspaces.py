@@ -43,12 +43,15 @@ from typing import Any, Callable, Iterator
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from .. import recorded
 from ..amp_rules import autocast_rules
 from ..checks import MeasureError, guard
 from .predict import cuda_dropout
-from .transients import OpMemory, op_memory_step
+from .transients import OpMemory, align_ops, op_memory_step
 from .units import MiB
 
+#: what ``OpMemory.from_dict`` reads of a recorded op
+OP_FIELDS = frozenset({"index", "op", "phase", "before", "after", "peak", "new_outputs"})
 #: the ops a rule adds a workspace at: op name -> the rule's field
 CONV_OPS = {"convolution": "forward", "convolution_backward": "backward"}
 
@@ -154,6 +157,66 @@ def predict_with_workspaces(build_model: Callable[[], torch.nn.Module], input_sh
     if not rows:
         raise MeasureError("the step ran no op.", "pass a model whose forward computes something from its input.")
     return peak_with_workspaces(rows, plain, rule)
+
+
+def recorded_ops(case: str, folder: Any = None) -> tuple[list[OpMemory], str, Any] | None:
+    """The newest GPU run's recording of ``case`` (the kit's ``diagnose/<case>``: "large-fp32",
+    "small-fp16", "seed003", ...) under cuDNN's default settings: ``(ops, label, path)`` -- its
+    ops as ``OpMemory`` rows, the run's label (GPU, date, torch), the file; None where no run
+    recorded it (``recorded.diagnosis``; ``folder``: the runs' folder, default docs/gpu-runs)."""
+    found = recorded.diagnosis(case, folder)
+    if found is None or "cuDNN default" not in found[0]:
+        return None
+    settings, label, path = found
+    rows = recorded.checked_rows(settings["cuDNN default"], set(OP_FIELDS), path, "the ops of cuDNN's default")
+    return [OpMemory.from_dict(d) for d in rows], label, path
+
+
+def plot_ops(rows: list[OpMemory], rule: WorkspaceRule = TRANSPOSED_COPIES, measured: list[OpMemory] | None = None,
+             title: str = "", label: str = "", zoom: int = 40) -> Any:
+    """A step's memory op by op: the prediction's live bytes once each op has run (before + its
+    new outputs), the same with each convolution's workspace while it runs (``rule``) and, given a
+    GPU's recording of the same step (``measured``, ``label`` naming it), the peak the allocator
+    saw during each op, paired with the prediction's ops by name (``align_ops``). Left: the whole
+    step; right: ``zoom`` ops either side of the rule's peak, its largest values labelled.
+    Returns the two Axes."""
+    # lazy: matplotlib is loaded by the notebooks that draw, not by every prediction
+    import matplotlib.pyplot as plt
+
+    x = [r.index for r in rows]
+    plain = [(r.before + r.new_outputs) / MiB for r in rows]
+    with_ws = [(r.before + r.new_outputs + rule.bytes(r)) / MiB for r in rows]
+    pairs = align_ops(measured, rows) if measured else []
+    mx, my = [p.index for _, p in pairs], [m.peak / MiB for m, _ in pairs]
+    at = max(range(len(with_ws)), key=with_ws.__getitem__)
+    lo, hi = x[max(0, at - zoom)], x[min(len(x) - 1, at + zoom)]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [2, 1]})
+    for ax, zoomed in zip(axes, (False, True), strict=True):
+        ax.plot(x, with_ws, color="tab:orange", lw=0.8,
+                label=f"predicted + each convolution's workspace ({rule.forward:g} / {rule.backward:g} x its operands)")
+        ax.plot(x, plain, color="tab:blue", lw=1.2, label="predicted: live tensors after the op")
+        if pairs:
+            ax.plot(mx, my, ".", ms=3 if zoomed else 2, color="black",
+                    label=f"measured: the allocator's peak during the op ({label or 'a GPU run'})")
+        ax.set_xlabel("op of the step, in the prediction's order")
+        if zoomed:
+            ax.set_xlim(lo, hi)
+            ax.set_title("around the peak", fontsize=10)
+            for xs, ys, color in ((x, plain, "tab:blue"), (x, with_ws, "tab:orange"), (mx, my, "black")):
+                inside = [k for k in range(len(xs)) if lo <= xs[k] <= hi]
+                if inside:
+                    k = max(inside, key=ys.__getitem__)
+                    ax.annotate(f"{ys[k]:,.0f}", (xs[k], ys[k]), textcoords="offset points", xytext=(5, -3),
+                                color=color, fontsize=8)
+        else:
+            ax.set_ylabel("MiB")
+            ax.set_title(title or "a training step op by op", fontsize=10)
+    top = max(with_ws + my)
+    for ax in axes:
+        ax.set_ylim(0, top * 1.1)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=8, bbox_to_anchor=(0.5, -0.02))
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return axes
 
 
 guard(globals(), MeasureError)
