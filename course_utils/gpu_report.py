@@ -44,8 +44,8 @@ import torch
 from . import recorded
 from .benchmark import TECHNIQUES, cuda_context_bytes
 from .checks import RecordError, guard
-from .files import cannot_make
-from .gpu_kit import budget, plan, record, summary, tasks
+from .files import cannot_make, read_json
+from .gpu_kit import budget, plan, record, summary, tasks, workspace_check
 from .gpu_kit.budget import RECORDED, Clock, Record, Task
 from .gpu_kit.importer import import_run
 from .memory import MiB
@@ -167,6 +167,20 @@ def check_arguments(args: argparse.Namespace) -> None:
                           f"name techniques of benchmark.TECHNIQUES (quoted): {', '.join(map(repr, TECHNIQUES))}.")
 
 
+def check_workspaces(run: Path) -> None:
+    """After an import: a GPU run (not a dry run) with an op-by-op diagnosis refits the
+    convolution-workspace model and checks every recorded peak against it
+    (``gpu_kit.workspace_check``, about 25 CPU-s), its page written beside the newest diagnosis."""
+    diagnosed = any((run / "details").glob("diagnose-*.json"))
+    if not diagnosed or read_json(run / "kit.json", "the imported run's kit.json",
+                                  "import the run again").get("dry_run", True):
+        return
+    print("the workspace model against the runs (python -m course_utils.gpu_kit.workspace_check) ...")
+    result, page = workspace_check.check(run.parent, log=lambda line: print(f"  {line}"))
+    print(f"wrote {page / 'workspaces.md'}: {result['summary']['model within 5 %']} of {result['summary']['rows']} "
+          f"rows within 5 % with the workspaces ({result['summary']['plain within 5 %']} predicted plain)")
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m course_utils.gpu_report``: import a returned run, print the plan, or run the kit.
     Returns the exit status (0: done, 1: a task failed or a return limit was passed, 2: an error)."""
@@ -174,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.import_from:
         try:
-            import_run(args.import_from)
+            imported = import_run(args.import_from)
+            check_workspaces(imported)
         except RecordError as err:  # NotARun, or a file of the repository it cannot read or write
             print(f"error: {err}", file=sys.stderr)
             return 2

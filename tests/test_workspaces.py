@@ -146,3 +146,22 @@ def test_every_row_the_model_leaves_beyond_5_percent_has_its_stated_cause_and_bo
     assert all(r["workspace the measurement allows MiB"] < r["rule's workspace there MiB"] for r in over)
     assert max(r["ratio"] for r in result["ratios"]["seed003"]["rows"]) == pytest.approx(1.33, abs=0.01)
     assert result["summary"]["model within 5 %"] > result["summary"]["plain within 5 %"]
+
+
+def test_an_imported_gpu_run_with_a_diagnosis_is_checked_against_the_model(tmp_path, monkeypatch, capsys):
+    """gpu_report --import refits the model after a GPU run with a diagnosis; a dry run (tiny
+    shapes: nothing to fit) or a run without a diagnosis is left alone."""
+    from course_utils import gpu_report
+
+    calls = []
+    summary = {"summary": {"model within 5 %": 1, "rows": 2, "plain within 5 %": 0}}
+    monkeypatch.setattr(wc, "check", lambda runs, log: calls.append(runs) or (summary, runs / "r"))
+    run = tmp_path / "r"
+    (run / "details").mkdir(parents=True)
+    for dry, diagnosed, expected in ((False, False, 0), (True, True, 0), (False, True, 1)):
+        (run / "kit.json").write_text(json.dumps({"dry_run": dry}))
+        if diagnosed:
+            (run / "details" / "diagnose-large-fp32.json").write_text("{}")
+        gpu_report.check_workspaces(run)
+        assert len(calls) == expected
+    assert calls == [tmp_path] and "1 of 2 rows within 5 %" in capsys.readouterr().out
