@@ -15,7 +15,7 @@ import check_stripped  # noqa: E402
 
 
 def _nb(path, outputs, count, metadata=None):
-    cell = {"cell_type": "code", "metadata": {}, "source": "1 + 1", "outputs": outputs, "execution_count": count}
+    cell = {"cell_type": "code", "id": "c0", "metadata": {}, "source": "1 + 1", "outputs": outputs, "execution_count": count}
     meta = check_stripped.LAB_METADATA if metadata is None else metadata
     path.write_text(json.dumps({"cells": [cell], "metadata": meta, "nbformat": 4, "nbformat_minor": 5}))
     return path
@@ -119,3 +119,20 @@ def test_ruff_rule_set_is_the_documented_one():
                                                f"make lint row names {sorted(documented)}: make them agree")
     for rule in lint["select"]:  # each rule says in pyproject why the course wants it
         assert re.search(rf'^\s*"{rule}",\s*# \S', text, re.M), f"pyproject.toml: {rule} needs a comment saying why"
+
+
+def test_a_cell_without_an_id_fails_the_lint_and_fix_gives_it_one(tmp_path):
+    """Cells added by a script without an id (nbformat 4.5 requires one) made nbformat warn
+    MissingIDFieldWarning in five of CI's tests and JupyterLab add ids on opening (issue 46): the
+    lint names them, --fix gives each an id no other cell has and keeps the ids there are."""
+    path = _nb(tmp_path / "a.ipynb", [], 4, metadata=dict(check_stripped.LAB_METADATA))
+    nb = json.loads(path.read_text())
+    nb["nbformat"], nb["nbformat_minor"] = 4, 5
+    nb["cells"] = [{**nb["cells"][0], "id": "c1w"}, {**nb["cells"][0]}, {**nb["cells"][0]}]
+    for cell in nb["cells"][1:]:
+        cell.pop("id", None)
+    path.write_text(json.dumps(nb))
+    assert check_stripped.metadata_problems(json.loads(path.read_text())) == ["cells [1, 2] have no id (nbformat 4.5)"]
+    assert check_stripped.main(["--fix", str(path)]) == 0
+    ids = [c["id"] for c in json.loads(path.read_text())["cells"]]
+    assert ids[0] == "c1w" and len(set(ids)) == 3 and check_stripped.main([str(path)]) == 0

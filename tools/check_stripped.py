@@ -84,12 +84,17 @@ def output_problems(nb: dict) -> list[str]:
 
 def metadata_problems(nb: dict) -> list[str]:
     """How a notebook's kernelspec and language_info differ from ``LAB_METADATA`` (what JupyterLab
-    would write on opening it), one line per key."""
+    would write on opening it), one line per key; and its cells without an ``id`` (nbformat 4.5
+    requires one: JupyterLab adds it on opening, and nbformat warns "MissingIDFieldWarning")."""
     found = []
     for key, want in LAB_METADATA.items():
         have = nb.get("metadata", {}).get(key)
         if have != want:
             found.append(f"metadata.{key} is {json.dumps(have)}, JupyterLab writes {json.dumps(want)}")
+    if (nb.get("nbformat"), nb.get("nbformat_minor", 0)) >= (4, 5):
+        missing = [i for i, cell in enumerate(nb.get("cells", [])) if not cell.get("id")]
+        if missing:
+            found.append(f"cells {missing} have no id (nbformat 4.5)")
     return found
 
 
@@ -101,13 +106,17 @@ def with_lab_metadata(nb: dict) -> dict:
 
 def fix(path: Path) -> bool:
     """Clear ``path``'s outputs and execution counts and set ``LAB_METADATA``, in the course's style
-    (``json.dumps(indent=1, ensure_ascii=False)``, a final newline; cell ids kept); True if the file
-    changed."""
+    (``json.dumps(indent=1, ensure_ascii=False)``, a final newline; cell ids kept, a missing one
+    added); True if the file changed."""
     text = path.read_text(encoding="utf-8")
     nb = with_lab_metadata(json.loads(text))
-    for cell in nb.get("cells", []):
+    taken = {cell.get("id") for cell in nb.get("cells", [])}
+    for i, cell in enumerate(nb.get("cells", [])):
         if cell.get("cell_type") == "code":
             cell["outputs"], cell["execution_count"] = [], None
+        if not cell.get("id") and (nb.get("nbformat"), nb.get("nbformat_minor", 0)) >= (4, 5):
+            cell["id"] = next(f"c{i}{s}" for s in ("w", *map(str, range(len(taken) + 1))) if f"c{i}{s}" not in taken)
+            taken.add(cell["id"])
     new = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
     if new != text:
         path.write_text(new, encoding="utf-8")
