@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import allocator, budget, cost, scaffold
+from . import allocator, budget, cost, recorded, scaffold
 from . import densenet as dn
 from . import explorer
 from . import full_resolution as fr
@@ -251,8 +251,12 @@ def _measured_on_gpu(cfg) -> str:
     row = next((r for r in (rec.rows if rec else []) if r["technique"] in names), None)
     if row is None:
         return ""
+    wm = recorded.workspace_model()  # the recorded check of the convolution-workspace model
+    modelled = next((r["largest batch"]["with workspaces"] for r in (wm[0]["rows"] if wm else [])
+                     if r["row"] == f"large net: {row['technique']}" and "largest batch" in r), None)
     return (f"; measured on {rec.label}: largest batch {row[f'largest batch in {cfg.budget_gib} GiB (measured)']}, "
-            f"batch-2 peak {row['measured peak MiB']:,} MiB")
+            f"batch-2 peak {row['measured peak MiB']:,} MiB"
+            + ("" if modelled is None else f"; predicted with cuDNN's convolution workspaces: {modelled}"))
 
 
 HEADLINES: list[tuple[str, str, str, Callable[[], tuple[str, str]], bool]] = [

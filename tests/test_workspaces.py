@@ -4,6 +4,7 @@ takes them, and ``gpu_kit.workspace_check``: the rule against a GPU run's record
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -106,7 +107,8 @@ def test_the_h200s_convolutions_took_about_their_operands(ratios):
 def test_the_model_explains_what_the_plain_prediction_missed_on_the_h200(ratios, net, technique):
     """Two rows the plain prediction missed by 18-23 % on the H200 (kit.json's benchmark): the
     model with the rule fitted there is within 5 %."""
-    measured = next(r["measured"] for r in wc._benchmark_rows(H200.parent) if r["row"] == f"{net} net: {technique}")
+    measured = next(r["measured peak MiB"] for r in explorer.recorded_benchmark(net, H200.parent).rows
+                    if r["technique"] == technique)
     cfg = configs(net)[technique]
     dtype, ac = explorer.PRECISIONS[cfg.precision]
     w = predict_with_workspaces(lambda: explorer.build(cfg), (cfg.batch, 1, *cfg.volume), n_classes=5, dtype=dtype,
@@ -146,6 +148,34 @@ def test_every_row_the_model_leaves_beyond_5_percent_has_its_stated_cause_and_bo
     assert all(r["workspace the measurement allows MiB"] < r["rule's workspace there MiB"] for r in over)
     assert max(r["ratio"] for r in result["ratios"]["seed003"]["rows"]) == pytest.approx(1.33, abs=0.01)
     assert result["summary"]["model within 5 %"] > result["summary"]["plain within 5 %"]
+    batches = [r["largest batch"] for r in result["rows"] if "largest batch" in r]
+    assert len(batches) == 34  # every benchmark row
+
+    def right(way):
+        return sum(b[way] == b["measured"] for b in batches)
+
+    assert right("with workspaces") > right("budget's prediction") > right("tensors only")
+    winner = next(r["largest batch"] for r in result["rows"]
+                  if r["row"] == "large net: autocast fp16 + lean Up + In-Place ABN + offload")  # the capstone's
+    assert winner["with workspaces"] == winner["measured"] < winner["budget's prediction"]
+
+
+def test_the_largest_batch_with_workspaces_is_the_largest_whose_peak_fits_the_cap():
+    """workspace_check.largest_batch against the predictions at the answer and one above it (a
+    tiny configuration), tensors only and with the workspaces, which can only lower it."""
+    cfg = explorer.Config(levels=3, base_channels=4, volume=(8, 16, 16), batch=1)
+    dtype, ac = explorer.PRECISIONS[cfg.precision]
+
+    def peak(b, rule):
+        c = replace(cfg, batch=b)
+        return predict_with_workspaces(lambda: explorer.build(c), (b, 1, *c.volume), n_classes=5, dtype=dtype,
+                                       autocast_dtype=ac, rule=rule).peak
+
+    cap = peak(3, TRANSPOSED_COPIES) + 1000
+    found = {rule: wc.largest_batch(cfg, cap, rule, held=1000, hint=3) for rule in (NO_WORKSPACE, TRANSPOSED_COPIES)}
+    assert found[TRANSPOSED_COPIES] == 3 and peak(4, TRANSPOSED_COPIES) + 1000 > cap
+    n = found[NO_WORKSPACE]
+    assert n >= 3 and peak(n, NO_WORKSPACE) + 1000 <= cap < peak(n + 1, NO_WORKSPACE) + 1000
 
 
 def test_an_imported_gpu_run_with_a_diagnosis_is_checked_against_the_model(tmp_path, monkeypatch, capsys):
