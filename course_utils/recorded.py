@@ -477,11 +477,12 @@ def _from_outputs(key: str, runs: Path) -> list[Recorded]:
 # --------------------------------------------------------------------------------------------
 # What each GPU run measured on its own: docs/gpu-runs/<run>/
 # --------------------------------------------------------------------------------------------
-#: the files of a run's record that ``gpu_runs`` reads (make dist's zip ships them; not the executed
-#: notebooks ``FROM_OUTPUTS`` reads: their links point into a checkout, so a hosted notebook shows those
-#: figures once a GPU run has recorded them under recorded/)
+#: the files of a run's record that ``gpu_runs``, ``diagnosis`` and ``workspace_model`` read (make
+#: dist's zip ships them; not the executed notebooks ``FROM_OUTPUTS`` reads: their links point into a
+#: checkout, so a hosted notebook shows those figures once a GPU run has recorded them under recorded/)
 RUN_FILES = ("docs/gpu-runs/*/kit.json", "docs/gpu-runs/*/limit.json", "docs/gpu-runs/*/benchmark-*.json",
-             "docs/gpu-runs/*/details/benchmark-*-*.json")
+             "docs/gpu-runs/*/details/benchmark-*-*.json", "docs/gpu-runs/*/details/diagnose-*.json",
+             "docs/gpu-runs/*/workspaces.json")
 #: the step ``gpu_runs`` reads from each run's benchmark by default: seed 000's large U-Net, fp32, batch 2
 STEP = ("large", "baseline fp32")
 #: runs whose record disowns every measured row of their benchmark but one: the step that holds, and why
