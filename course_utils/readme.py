@@ -256,7 +256,8 @@ def _measured_on_gpu(cfg) -> str:
                      if r["row"] == f"large net: {row['technique']}" and "largest batch" in r), None)
     return (f"; measured on {rec.label}: largest batch {row[f'largest batch in {cfg.budget_gib} GiB (measured)']}, "
             f"batch-2 peak {row['measured peak MiB']:,} MiB"
-            + ("" if modelled is None else f"; predicted with cuDNN's convolution workspaces: {modelled}"))
+            + ("" if modelled is None else f"; predicted with cuDNN's convolution workspaces under that run's cap "
+                                           f"(no slack): {modelled}"))
 
 
 HEADLINES: list[tuple[str, str, str, Callable[[], tuple[str, str]], bool]] = [

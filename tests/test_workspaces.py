@@ -33,7 +33,7 @@ H200 = Path(__file__).resolve().parent.parent / "docs" / "gpu-runs" / "2026-11-2
 
 
 def two_convs() -> nn.Module:
-    return nn.Sequential(nn.Conv3d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv3d(4, 2, 1))
+    return nn.Sequential(nn.Conv3d(2, 4, 3, padding=1), nn.ReLU(), nn.Conv3d(4, 2, 3, padding=1))
 
 
 def test_a_convolution_records_its_two_activation_operands():
@@ -52,9 +52,22 @@ def test_a_convolution_records_its_two_activation_operands():
     assert OpMemory.from_dict(bwd.as_dict()) == bwd
 
 
-def _row(i, op, before, new, operands, itemsize=2):
+def _row(i, op, before, new, operands, itemsize=2, pointwise=False, in_channels=8):
     return OpMemory(i, op, "backward" if op.endswith("backward") else "forward", "", before, before + new,
-                    before + new, new, operands, itemsize)
+                    before + new, new, operands, itemsize, pointwise, in_channels)
+
+
+@pytest.mark.parametrize("op, itemsize, pointwise, in_channels, takes", [
+    ("convolution", 2, True, 64, False), ("convolution", 4, True, 64, False),  # 1x1x1 forward: none
+    ("convolution_backward", 4, True, 64, False), ("convolution_backward", 2, True, 64, True),  # fp16's took it
+    ("convolution", 4, False, 1, False), ("convolution", 2, False, 1, True),  # one input channel: fp32 none
+    ("convolution_backward", 4, False, 1, True), ("convolution", 4, False, 64, True)])
+def test_the_convolutions_the_h200_measured_taking_nothing_get_no_workspace(op, itemsize, pointwise, in_channels, takes):
+    """The H200's exceptions (diagnose/*: large-fp32 ops 4, 279, 296; small-fp16 ops 4, 217, 234;
+    seed003 op 2), and ``exceptions=False`` gives every convolution its activations."""
+    row = _row(0, op, 0, 0, 1000, itemsize, pointwise, in_channels)
+    assert TRANSPOSED_COPIES.bytes(row) == (1000 if takes else 0)
+    assert replace(TRANSPOSED_COPIES, exceptions=False).bytes(row) == 1000
 
 
 def test_the_peak_takes_each_convolutions_workspace_while_it_runs():
@@ -72,7 +85,7 @@ def test_the_peak_takes_each_convolutions_workspace_while_it_runs():
 def test_without_a_workspace_the_prediction_op_by_op_is_predict_steps():
     """The op-by-op prediction reaches predict_step's peak to the byte (the rule adds to the very
     step the course predicts), and the rule's peak is at a convolution: before + outputs + operands."""
-    shape = (2, 1, 8, 8, 8)
+    shape = (2, 2, 8, 8, 8)
     plain = predict_step(two_convs, shape, target_shape=(2, 2, 8, 8, 8)).peak
     assert predict_with_workspaces(two_convs, shape, (2, 2, 8, 8, 8), rule=NO_WORKSPACE).peak == plain
     w = predict_with_workspaces(two_convs, shape, (2, 2, 8, 8, 8))
@@ -89,9 +102,10 @@ def ratios():
 
 
 def test_the_h200s_convolutions_took_about_their_operands(ratios):
-    """Op by op on the H200: every backward convolution that could move a peak (operands >= 5 %
-    of it) took 1.0-1.05 x its operands, bar the output layer's 1x1x1 fp32 one (none); the fitted
-    factors are about 1 (backward; 16-bit forward) and 0.5 (fp32 forward: one operand copied)."""
+    """Op by op on the H200: every backward convolution of the U-Nets that could move a peak
+    (activations >= 5 % of it) took 1.0-1.05 x its activations, bar the output layer's 1x1x1 fp32
+    one (none, an exception); the fitted factors are about 1 (backward; 16-bit forward) and 0.5-0.67
+    in fp32 forward (the U-Net's took one activation's worth, seed 003's both)."""
     big_backward = [r for case in ratios.values() for r in case["rows"] if r["large"]
                     and r["op"] == "convolution_backward" and r["ratio"] > 0]
     assert len(big_backward) >= 10
@@ -100,7 +114,7 @@ def test_the_h200s_convolutions_took_about_their_operands(ratios):
     assert {case["run"] for case in ratios.values()} == {"NVIDIA H200, 2026-11-27, torch 2.11.0+cu130"}
     rule = wc.fitted_rule(ratios, "the H200")
     assert 0.99 <= rule.backward <= 1.02 and 0.99 <= rule.backward_fp32 <= 1.02
-    assert 0.99 <= rule.forward <= 1.02 and 0.45 <= rule.forward_fp32 <= 0.55
+    assert 0.99 <= rule.forward <= 1.02 and 0.5 <= rule.forward_fp32 <= 0.7
 
 
 @pytest.mark.parametrize("net, technique", [("large", "offload to host"), ("small", "checkpointing every conv")])

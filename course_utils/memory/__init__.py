@@ -45,7 +45,7 @@ Where things are (every name below is also importable from ``course_utils.memory
   GPU op by op; ``op_memory_step``, ``measure_step``'s step so recorded; ``conv_operands``,
   ``align_ops`` (two recordings of a step paired op by op, ``BOOKKEEPING`` ops left out);
 * ``workspaces`` -- cuDNN's convolution workspaces added to a prediction at the op that takes them:
-  ``WorkspaceRule`` (``TRANSPOSED_COPIES``, ``NO_WORKSPACE``, ``CONV_OPS``), ``predict_with_workspaces``
+  ``WorkspaceRule`` (``TRANSPOSED_COPIES``, ``NO_WORKSPACE``, ``CONV_OPS``, ``exception``), ``predict_with_workspaces``
   (``WorkspacePeak``), ``peak_with_workspaces``, ``predict_ops``, ``cuda_rules``; a GPU run's recording
   of a step op by op (``recorded_ops``, ``OP_FIELDS``) and ``plot_ops``, the two drawn together.
 """
@@ -88,6 +88,7 @@ from .workspaces import (
     WorkspacePeak,
     WorkspaceRule,
     cuda_rules,
+    exception,
     peak_with_workspaces,
     predict_ops,
     predict_with_workspaces,
@@ -126,7 +127,7 @@ __all__ = [
     "step_parts", "target_spec",
     "BLOCK", "BOOKKEEPING", "CudaStats", "LiveBytesStats", "OpMemory", "OpTransients", "align_ops", "conv_operands",
     "op_memory_step",
-    "CONV_OPS", "NO_WORKSPACE", "TRANSPOSED_COPIES", "WorkspacePeak", "WorkspaceRule", "cuda_rules",
+    "CONV_OPS", "NO_WORKSPACE", "TRANSPOSED_COPIES", "WorkspacePeak", "WorkspaceRule", "cuda_rules", "exception",
     "peak_with_workspaces", "predict_ops", "predict_with_workspaces", "OP_FIELDS", "plot_ops", "recorded_ops",
     "GiB", "MiB", "mib", "tensor_bytes",
 ]

@@ -127,6 +127,8 @@ class OpMemory:
     new_outputs: int
     conv_operands: int = 0  # a convolution's input + output (forward) / input + output gradient (backward)
     conv_itemsize: int = 0  # a convolution's bytes per element (4: fp32; 2: fp16, bf16); 0 for other ops
+    conv_pointwise: bool = False  # a convolution whose kernel is 1 in every dimension
+    conv_in_channels: int = 0  # a convolution's input channels
 
     @property
     def kept_extra(self) -> int:
@@ -144,22 +146,27 @@ class OpMemory:
         """A row as ``as_dict`` wrote it (a GPU run's details archive); rows recorded before
         ``conv_operands`` existed get 0."""
         return cls(d["index"], d["op"], d["phase"], d.get("node", ""), d["before"], d["after"], d["peak"],
-                   d["new_outputs"], d.get("conv_operands", 0), d.get("conv_itemsize", 0))
+                   d["new_outputs"], d.get("conv_operands", 0), d.get("conv_itemsize", 0),
+                   d.get("conv_pointwise", False), d.get("conv_in_channels", 0))
 
 
 def _nbytes(t: Any) -> int:
     return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
 
 
-def conv_operands(op: str, args: Any, out: Any) -> tuple[int, int]:
-    """``(bytes, itemsize)`` of a convolution's two activation operands: ``convolution(input,
-    weight, ...)`` -> input + output; ``convolution_backward(grad_output, input, weight, ...)`` ->
-    input + output gradient; the input's bytes per element. ``(0, 0)`` for any other op."""
+def conv_operands(op: str, args: Any, out: Any) -> tuple[int, int, bool, int]:
+    """``(bytes, itemsize, pointwise, in_channels)`` of a convolution: the bytes of its two
+    activations -- ``convolution(input, weight, ...)``: input + output;
+    ``convolution_backward(grad_output, input, weight, ...)``: input + output gradient --, the
+    input's bytes per element, whether the kernel is 1 in every dimension, the input's channels.
+    ``(0, 0, False, 0)`` for any other op."""
     if op == "convolution":
-        return _nbytes(args[0]) + _nbytes(out), args[0].element_size()
-    if op == "convolution_backward":
-        return _nbytes(args[1]) + _nbytes(args[0]), args[1].element_size()
-    return 0, 0
+        x, w, total = args[0], args[1], _nbytes(args[0]) + _nbytes(out)
+    elif op == "convolution_backward":
+        x, w, total = args[1], args[2], _nbytes(args[1]) + _nbytes(args[0])
+    else:
+        return 0, 0, False, 0
+    return total, x.element_size(), all(k == 1 for k in w.shape[2:]), x.shape[1] if x.dim() > 1 else 1
 
 
 #: ops that allocate nothing and that one way of running a step issues and another does not
