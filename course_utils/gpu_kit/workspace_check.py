@@ -283,6 +283,40 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "model under by more than 5 %": [r["row"] for r in rows if r["model miss %"] < -100 * TOLERANCE]}
 
 
+def _largest_batch_lines(result: dict[str, Any]) -> list[str]:
+    """workspaces.md's section on the largest batch under the benchmark's cap ([] without one)."""
+    batched = [r for r in result["rows"] if "largest batch" in r]
+    if not batched:
+        return []
+    s, lines = result["summary"], []
+    ways = ("budget's prediction", "tensors only", "with workspaces")
+    lines += ["", "## The largest batch under the benchmark's cap", "",
+              "The benchmark searched each technique's largest batch on the GPU under an allocator cap of the "
+              "card less the CUDA context its process measured. Beside it: the batch the course's budget "
+              "predicts (the plain prediction + 10 % slack, under the same context: `explorer.benchmark_table`, "
+              "notebook 10), and the largest batch "
+              "whose peak fits the cap predicted op by op, tensors only and with the workspaces (both with the "
+              "cuBLAS workspaces the process held). "
+              + "; ".join(f"{k}: {s['largest batch as measured'][k]} of {s['largest batches']} as measured, "
+                          f"{s['largest batch above the measured'][k]} above it" for k in ways) + ".", "",
+              "| row | measured | " + " | ".join(ways) + " |", "|---|---|---|---|---|"]
+    for r in batched:
+        b = r["largest batch"]
+        lines.append(f"| {r['row']} | {b['measured']} | " + " | ".join(str(b[k]) for k in ways) + " |")
+    above = [r for r in batched if r["largest batch"]["with workspaces"] > r["largest batch"]["measured"]]
+    ratios = sorted(r["largest batch"]["reserved / allocated at batch 2"] or 0 for r in batched)
+    if above:
+        listed = "; ".join(f"{r['row']}: {r[_LB][_RA]}" for r in above)
+        lines += ["", "Not explained, where the model's batch is above the measured one: the step's allocated "
+                  "peak fits the cap, yet the GPU could not run it under the cap. The cap limits what the allocator "
+                  "reserves, and what a step reserves beyond what it allocates depends on how its blocks fragment, "
+                  "which the model does not simulate (reserved / allocated at batch 2, measured without a cap: "
+                  f"{listed}; the median over the {len(batched)} rows: {statistics.median(ratios)}). The model "
+                  "carries no slack; the budget carries 10 %. The allocator model (notebook 02, section 6) is "
+                  "the tool for this; it does not take the workspaces yet."]
+    return lines
+
+
 def markdown(result: dict[str, Any]) -> str:
     """``workspaces.md``: the rule's fit op by op, then every recorded peak against the model."""
     rule, s = result["rule"], result["summary"]
@@ -328,33 +362,7 @@ def markdown(result: dict[str, Any]) -> str:
     if seed:
         lines += ["", "Seed 003's net, measured - model, in input volumes (4 N^3 bytes): "
                   + "; ".join(f"{r['row'].split(', ')[1]}: {r['model miss, input volumes']}" for r in seed) + "."]
-    batched = [r for r in result["rows"] if "largest batch" in r]
-    if batched:
-        ways = ("budget's prediction", "tensors only", "with workspaces")
-        lines += ["", "## The largest batch under the benchmark's cap", "",
-                  "The benchmark searched each technique's largest batch on the GPU under an allocator cap of the "
-                  "card less the CUDA context its process measured. Beside it: the batch the course's budget "
-                  "predicts (the plain prediction + 10 % slack, under the same context: `explorer.benchmark_table`, "
-                  "notebook 10), and the largest batch "
-                  "whose peak fits the cap predicted op by op, tensors only and with the workspaces (both with the "
-                  "cuBLAS workspaces the process held). "
-                  + "; ".join(f"{k}: {s['largest batch as measured'][k]} of {s['largest batches']} as measured, "
-                              f"{s['largest batch above the measured'][k]} above it" for k in ways) + ".", "",
-                  "| row | measured | " + " | ".join(ways) + " |", "|---|---|---|---|---|"]
-        for r in batched:
-            b = r["largest batch"]
-            lines.append(f"| {r['row']} | {b['measured']} | " + " | ".join(str(b[k]) for k in ways) + " |")
-        above = [r for r in batched if r["largest batch"]["with workspaces"] > r["largest batch"]["measured"]]
-        ratios = sorted(r["largest batch"]["reserved / allocated at batch 2"] or 0 for r in batched)
-        if above:
-            listed = "; ".join(f"{r['row']}: {r[_LB][_RA]}" for r in above)
-            lines += ["", "Not explained, where the model's batch is above the measured one: the step's allocated "
-                      "peak fits the cap, yet the GPU could not run it under the cap. The cap limits what the allocator "
-                      "reserves, and what a step reserves beyond what it allocates depends on how its blocks fragment, "
-                      "which the model does not simulate (reserved / allocated at batch 2, measured without a cap: "
-                      f"{listed}; the median over the {len(batched)} rows: {statistics.median(ratios)}). The model "
-                      "carries no slack; the budget carries 10 %. The allocator model (notebook 02, section 6) is "
-                      "the tool for this; it does not take the workspaces yet."]
+    lines += _largest_batch_lines(result)
     over = [r for r in result["rows"] if r["model miss %"] > 100 * TOLERANCE]
     lines += ["", "**Over by more than 5 %** (the measured peak leaves the op the model peaks at less workspace than "
               "the rule gives it; its predicted live bytes before the op taken as right): "
