@@ -170,7 +170,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 def check_workspaces(run: Path) -> None:
     """After an import: a GPU run (not a dry run) with an op-by-op diagnosis refits the
     convolution-workspace model and checks every recorded peak against it
-    (``gpu_kit.workspace_check``, about 100 CPU-s), its page written beside the newest diagnosis."""
+    (``gpu_kit.workspace_check``, about 80 CPU-s), its page written beside the newest diagnosis."""
     diagnosed = any((run / "details").glob("diagnose-*.json"))
     if not diagnosed or read_json(run / "kit.json", "the imported run's kit.json",
                                   "import the run again").get("dry_run", True):

@@ -186,7 +186,8 @@ def test_the_largest_batch_with_workspaces_is_the_largest_whose_peak_fits_the_ca
                                        autocast_dtype=ac, rule=rule).peak
 
     cap = peak(3, TRANSPOSED_COPIES) + 1000
-    found = {rule: wc.largest_batch(cfg, cap, rule, held=1000, hint=3) for rule in (NO_WORKSPACE, TRANSPOSED_COPIES)}
+    step = wc.batch_steps(cfg)
+    found = {rule: wc.largest_batch(step, cap, rule, held=1000, hint=3) for rule in (NO_WORKSPACE, TRANSPOSED_COPIES)}
     assert found[TRANSPOSED_COPIES] == 3 and peak(4, TRANSPOSED_COPIES) + 1000 > cap
     n = found[NO_WORKSPACE]
     assert n >= 3 and peak(n, NO_WORKSPACE) + 1000 <= cap < peak(n + 1, NO_WORKSPACE) + 1000

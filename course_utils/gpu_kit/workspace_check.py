@@ -17,13 +17,14 @@ of the newest run with a diagnosis:
    the step runs a matrix product, the cuBLAS workspaces ``fit`` adds), beside the measured peak.
    A row still beyond ``TOLERANCE`` says which way it misses and where the model puts its peak.
 
-About 100 CPU-s: one full-size prediction per row and a few per largest batch, each row printed
-as it finishes.
+About 80 CPU-s: one full-size prediction per row and a few per largest batch (each batch predicted
+once for both rules), each row printed as it finishes.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -53,7 +54,6 @@ from ..memory import (
     largest_that_fits,
     peak_with_workspaces,
     predict_ops,
-    predict_with_workspaces,
     recorded_ops,
 )
 from . import diagnose
@@ -156,29 +156,37 @@ def _benchmark_rows(runs: Path | None) -> list[dict[str, Any]]:
             cfg = cfgs.get(r.get("technique"))
             if cfg is None:
                 continue
-            dtype, ac = explorer.PRECISIONS[cfg.precision]
             batches = {k: int(table.loc[cfg.describe(), f"largest batch in {cfg.budget_gib} GiB, {k}"])
                        for k in ("predicted", "measured")}
+            step = batch_steps(cfg)
             rows.append({"row": f"{net} net: {r['technique']}", "measured": r["measured peak MiB"],
-                         "build": lambda cfg=cfg: explorer.build(cfg), "shape": (cfg.batch, 1, *cfg.volume),
-                         "kw": dict(n_classes=5, dtype=dtype, autocast_dtype=ac), "cfg": cfg, "batches": batches,
+                         "predict": lambda step=step, b=cfg.batch: step(b), "step": step, "batches": batches,
                          "reserved / allocated": round(r["measured reserved MiB"] / r["measured peak MiB"], 2)
                          if r.get("measured reserved MiB") else None,
                          "cap": None if rec.context_mib is None else cfg.budget_gib * GiB - rec.context_mib * MiB})
     return rows
 
 
-def largest_batch(cfg: explorer.Config, cap: float, rule: WorkspaceRule, held: int, hint: int | None = None) -> int:
-    """The largest batch whose step, predicted op by op with ``rule``'s workspaces, plus the
-    ``held`` bytes, fits ``cap`` bytes of allocator (the benchmark's cap: the card less the
-    context its process measured); ``memory.largest_that_fits``, ``hint`` tried first."""
+def batch_steps(cfg: explorer.Config) -> Callable[[int], tuple[list[OpMemory], int]]:
+    """``cfg``'s step at a batch, predicted op by op (``predict_ops``: ``(rows, plain peak)``),
+    once per batch: every rule's peak at that batch reads the same rows."""
     dtype, ac = explorer.PRECISIONS[cfg.precision]
 
-    def fits(b: int) -> bool:
+    @functools.cache
+    def at(b: int) -> tuple[list[OpMemory], int]:
         c = replace(cfg, batch=b)
-        w = predict_with_workspaces(lambda: explorer.build(c), (b, 1, *c.volume), n_classes=5, dtype=dtype,
-                                    autocast_dtype=ac, rule=rule)
-        return w.peak + held <= cap
+        return predict_ops(lambda: explorer.build(c), (b, 1, *c.volume), n_classes=5, dtype=dtype, autocast_dtype=ac)
+
+    return at
+
+
+def largest_batch(step: Callable[[int], tuple[list[OpMemory], int]], cap: float, rule: WorkspaceRule, held: int,
+                  hint: int | None = None) -> int:
+    """The largest batch whose step (``batch_steps``), with ``rule``'s workspaces, plus the
+    ``held`` bytes, fits ``cap`` bytes of allocator (the benchmark's cap: the card less the
+    context its process measured); ``memory.largest_that_fits``, ``hint`` tried first."""
+    def fits(b: int) -> bool:
+        return peak_with_workspaces(*step(b), rule).peak + held <= cap
 
     return largest_that_fits(fits, start=1, limit=64, at_limit="return", hint=hint if hint and hint < 64 else None)
 
@@ -190,8 +198,8 @@ def _example_rows(runs: Path | None) -> list[dict[str, Any]]:
         if r.get("N") in LIMIT_NS and r.get("measured peak MiB"):
             cube = (1, 1, r["N"], r["N"], r["N"])
             rows.append({"row": f"seed 003's net, N = {r['N']}", "measured": r["measured peak MiB"], "volume": 4 * r["N"] ** 3,
-                         "build": LimitTestNet, "shape": cube,
-                         "kw": dict(target_shape=cube, optimizer=None, steady_state=False)})
+                         "predict": lambda cube=cube: predict_ops(LimitTestNet, cube, cube, optimizer=None,
+                                                                  steady_state=False)})
     found = recorded.kit_results("examples/densenet", runs)
     args = seed004_step_args()
     shape = args.pop("input_shape")
@@ -199,15 +207,16 @@ def _example_rows(runs: Path | None) -> list[dict[str, Any]]:
         eff = "memory-efficient" in str(r.get("case"))
         if r.get("measured peak MiB"):
             rows.append({"row": f"seed 004's {r['case']}", "measured": r["measured peak MiB"],
-                         "build": lambda eff=eff: densenet169(memory_efficient=eff), "shape": shape, "kw": dict(args)})
+                         "predict": lambda eff=eff: predict_ops(lambda: densenet169(memory_efficient=eff), shape, **args)})
     found = recorded.kit_results("examples/fit", runs)
     for r in found[-1][1].get("rows", []) if found else []:
         name = str(r.get("case", "")).split(" ")[0]
         if name in FIT_EXAMPLES and r.get("measured peak MiB"):
             build, full, _, classes = FIT_EXAMPLES[name]
             ac = torch.float16 if "autocast" in r["case"] else None
-            rows.append({"row": f"fit's {r['case']}", "measured": r["measured peak MiB"], "build": variant(build, "plain"),
-                         "shape": full, "kw": dict(target_shape=(full[0],), n_classes=classes, autocast_dtype=ac)})
+            rows.append({"row": f"fit's {r['case']}", "measured": r["measured peak MiB"],
+                         "predict": lambda build=build, full=full, classes=classes, ac=ac: predict_ops(
+                             variant(build, "plain"), full, (full[0],), n_classes=classes, autocast_dtype=ac)})
     return rows
 
 
@@ -238,8 +247,7 @@ def model_rows(rule: WorkspaceRule, held: int, capability: tuple[int, int] | Non
     out = []
     for r in _benchmark_rows(runs) + _example_rows(runs):
         t = time.process_time()
-        kw = dict(r["kw"])
-        ops, plain = predict_ops(r["build"], r["shape"], kw.pop("target_shape", None), **kw)
+        ops, plain = r["predict"]()
         w = peak_with_workspaces(ops, plain, rule)
         own = cublas_workspaces(capability, 2)[0] if any(o.op in CUBLAS_OPS for o in ops) else 0
         cublas = max(held, own)
@@ -255,8 +263,8 @@ def model_rows(rule: WorkspaceRule, held: int, capability: tuple[int, int] | Non
         if r.get("cap") and r["batches"]["measured"] is not None:  # the benchmark's largest batch, three ways
             hint = r["batches"]["predicted"]
             row["largest batch"] = {"measured": r["batches"]["measured"], "budget's prediction": hint,
-                                    "tensors only": largest_batch(r["cfg"], r["cap"], NO_WORKSPACE, held, hint),
-                                    "with workspaces": largest_batch(r["cfg"], r["cap"], rule, held, hint),
+                                    "tensors only": largest_batch(r["step"], r["cap"], NO_WORKSPACE, held, hint),
+                                    "with workspaces": largest_batch(r["step"], r["cap"], rule, held, hint),
                                     "reserved / allocated at batch 2": r["reserved / allocated"]}
         if w.at is not None and row["model miss %"] > 100 * TOLERANCE:  # what the measurement leaves for it
             row[_RULE_THERE] = round(w.workspace / MiB, 1)
