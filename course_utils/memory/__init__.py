@@ -44,10 +44,11 @@ Where things are (every name below is also importable from ``course_utils.memory
   each op keeps and what it needs only while it runs (a cuDNN workspace, cuBLAS's), measured on a
   GPU op by op; ``op_memory_step``, ``measure_step``'s step so recorded; ``conv_operands``,
   ``align_ops`` (two recordings of a step paired op by op, ``BOOKKEEPING`` ops left out);
+  ``OpMemory.from_dict`` (``OP_FIELDS``) reads a recorded row back;
 * ``workspaces`` -- cuDNN's convolution workspaces added to a prediction at the op that takes them:
   ``WorkspaceRule`` (``TRANSPOSED_COPIES``, ``NO_WORKSPACE``, ``CONV_OPS``, ``exception``), ``predict_with_workspaces``
   (``WorkspacePeak``), ``peak_with_workspaces``, ``predict_ops``, ``cuda_rules``; a GPU run's recording
-  of a step op by op (``recorded_ops``, ``OP_FIELDS``) and ``plot_ops``, the two drawn together.
+  of a step op by op (``recorded_ops``) and ``plot_ops``, the two drawn together.
 """
 
 from .cuda import CudaPeak, cuda_peak, memory_cap, require_cuda
@@ -71,6 +72,7 @@ from .predict import (
 from .transients import (
     BLOCK,
     BOOKKEEPING,
+    OP_FIELDS,
     CudaStats,
     LiveBytesStats,
     OpMemory,
@@ -83,7 +85,6 @@ from .units import GiB, MiB, mib, tensor_bytes
 from .workspaces import (
     CONV_OPS,
     NO_WORKSPACE,
-    OP_FIELDS,
     TRANSPOSED_COPIES,
     WorkspacePeak,
     WorkspaceRule,
@@ -125,9 +126,9 @@ __all__ = [
     "MAX_ELEMENTS", "Prediction", "adopt_fake_tensors", "build_fake", "cuda_dropout", "default_dtype", "make_optimizer", "measure_step", "method_label",
     "predict_step", "prime_optimizer",
     "step_parts", "target_spec",
-    "BLOCK", "BOOKKEEPING", "CudaStats", "LiveBytesStats", "OpMemory", "OpTransients", "align_ops", "conv_operands",
+    "BLOCK", "BOOKKEEPING", "OP_FIELDS", "CudaStats", "LiveBytesStats", "OpMemory", "OpTransients", "align_ops", "conv_operands",
     "op_memory_step",
     "CONV_OPS", "NO_WORKSPACE", "TRANSPOSED_COPIES", "WorkspacePeak", "WorkspaceRule", "cuda_rules", "exception",
-    "peak_with_workspaces", "predict_ops", "predict_with_workspaces", "OP_FIELDS", "plot_ops", "recorded_ops",
+    "peak_with_workspaces", "predict_ops", "predict_with_workspaces", "plot_ops", "recorded_ops",
     "GiB", "MiB", "mib", "tensor_bytes",
 ]

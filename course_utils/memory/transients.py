@@ -10,10 +10,6 @@ synchronised readings of the CUDA caching allocator::
 
 and each op gets one ``OpMemory`` row:
 
-* ``conv_operands`` -- for a convolution, the bytes of its two activation operands: input + output
-  in forward (``convolution``), input + output gradient in backward (``convolution_backward``);
-  0 for every other op. What cuDNN's workspace follows (``memory.workspaces``);
-
 * ``new_outputs`` -- the bytes of the output storages the op created (not an input's storage, as
   an in-place op or a view returns), each rounded to the allocator's 512-byte blocks;
 * ``kept_extra = after - before - new_outputs`` -- memory the op allocated and kept that is no
@@ -22,6 +18,10 @@ and each op gets one ``OpMemory`` row:
   handle);
 * ``transient = peak - max(before, after)`` -- memory the op allocated and gave back before it
   returned: a cuDNN convolution's workspace, a kernel's scratch buffer.
+* ``conv_operands`` (``conv_itemsize``, ``conv_pointwise``, ``conv_in_channels``) -- for a
+  convolution, the bytes of its two activations: input + output in forward (``convolution``),
+  input + output gradient in backward (``convolution_backward``); 0 for every other op. What
+  cuDNN's workspace follows (``memory.workspaces``).
 
 A fake-tensor prediction sees ``new_outputs`` only; the other two are what a GPU adds. The mode
 keeps the step's own peaks (``peak``, ``peak_reserved``): it resets the allocator's peak
@@ -111,6 +111,10 @@ class LiveBytesStats:
         return self.meter.peak
 
     peak_reserved = peak
+
+
+#: what ``OpMemory.from_dict`` needs of a recorded op (the rest have defaults)
+OP_FIELDS = frozenset({"index", "op", "phase", "before", "after", "peak", "new_outputs"})
 
 
 @dataclass

@@ -51,11 +51,9 @@ from .. import recorded
 from ..amp_rules import autocast_rules
 from ..checks import MeasureError, guard
 from .predict import cuda_dropout
-from .transients import BOOKKEEPING, OpMemory, align_ops, op_memory_step
+from .transients import BOOKKEEPING, OP_FIELDS, OpMemory, align_ops, op_memory_step
 from .units import MiB
 
-#: what ``OpMemory.from_dict`` reads of a recorded op
-OP_FIELDS = frozenset({"index", "op", "phase", "before", "after", "peak", "new_outputs"})
 #: the ops a rule adds a workspace at: op name -> the rule's field
 CONV_OPS = {"convolution": "forward", "convolution_backward": "backward"}
 
